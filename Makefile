@@ -1,0 +1,56 @@
+# One entry point per user job. Every install path pins torch==2.13.0 first (constraints.txt):
+# an unpinned torch pulls a multi-GB CUDA build.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+SCALE  ?= mini
+OUT    ?= outputs
+# Offline by default on this machine; unset for hub models/tasks.
+export HF_HUB_OFFLINE ?= 1
+export TOKENIZERS_PARALLELISM ?= false
+
+.PHONY: install test test-slow test-all lint reproduce-table2 table2 notebooks bench clean help
+
+help:
+	@echo "make reproduce-table2 [SCALE=mini|paper|tiny] [FORCE=1]  sweep + table"
+	@echo "make table2 [SCALE=...]          re-aggregate the table from results files"
+	@echo "make test | test-slow | lint     tests (fast / slow) and ruff"
+	@echo "make notebooks | bench           execute notebooks / run benchmarks"
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev]'
+	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
+	touch $(STAMP)
+
+test: install
+	WANDB_MODE=offline $(PY) -m pytest -q
+
+test-slow: install
+	WANDB_MODE=offline $(PY) -m pytest -q -m slow
+
+test-all: install
+	WANDB_MODE=offline $(PY) -m pytest -q -m "not gpu and not network"
+
+lint: install
+	$(VENV)/bin/ruff check lmk tests benchmarks experiments hydra_plugins
+
+reproduce-table2: install
+	$(PY) -m lmk.sweep experiments/table2/spec.yaml --scale $(SCALE) --out $(OUT)/table2/$(SCALE) $(if $(FORCE),--force,)
+
+table2: install
+	$(PY) -m lmk.tables experiments/table2/spec.yaml --scale $(SCALE) --out $(OUT)/table2/$(SCALE)
+
+notebooks: install
+	$(PY) -m lmk.notebooks --out $(OUT)/notebooks
+
+bench: install
+	$(PY) -m benchmarks.run --size full --out $(OUT)/bench
+
+clean:
+	rm -rf $(OUT) multirun .pytest_cache

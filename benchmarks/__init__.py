@@ -1,0 +1,1 @@
+"""Benchmarks of `lmk` against what a user would otherwise run (`python -m benchmarks.run`)."""

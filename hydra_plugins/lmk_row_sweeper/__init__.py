@@ -1,0 +1,1 @@
+"""Hydra sweeper plugin: one job per named row (heterogeneous overrides), skipping finished rows."""

@@ -1,0 +1,346 @@
+"""Structured configs for `python -m lmk.train` and `validate(cfg)`, which runs before any compute.
+
+The root schema composes the group schemas of their owners (`lmk.model_config` EncoderConfig /
+PoolingConfig, `lmk.data.config` DataConfig, `lmk.eval.config` EvalConfig) with the sections
+defined here (train / trainer / logger / launcher). A typo'd key or a bad value raises ConfigError
+naming the key, the bad value and the allowed values or keys. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, Union
+
+PRECISIONS = ("32", "32-true", "64", "64-true", "16", "16-mixed", "bf16", "bf16-mixed", "16-true", "bf16-true",
+              "transformer-engine")
+ACCELERATORS = ("cpu", "gpu", "cuda", "mps", "tpu", "auto")
+LOGGERS = ("wandb", "csv", "none")
+
+
+class ConfigError(ValueError):
+    """A bad config value or key; the message names the key, the value and what is allowed."""
+
+
+# ---- sections owned here -----------------------------------------------------------------------
+@dataclass
+class TrainSection:
+    """Loss, optimiser and checkpoint settings (`train.*`). The step budget is `trainer.max_steps`."""
+
+    tau: float = 0.02
+    lr: float = 2e-5
+    weight_decay: float = 0.01
+    warmup_steps: int = 250
+    grad_cache: bool = False
+    grad_cache_chunk: int = 32
+    gather_across_devices: bool = True
+    in_batch_negatives: bool = True
+    use_teacher_scores: bool = True
+    teacher_temperature: float = 1.0
+    # The metric the best checkpoint and the sweep optimise (an eval metric name, or train/loss).
+    monitor: str = "train/loss"
+    monitor_mode: Literal["min", "max"] = "min"
+    checkpoint_every_n_steps: int = 0  # 0 = only at the end of fit (last.ckpt is always written)
+    export: bool = True
+
+    def __post_init__(self) -> None:
+        _positive("train.tau", self.tau)
+        _positive("train.lr", self.lr)
+        _positive("train.teacher_temperature", self.teacher_temperature)
+        _at_least("train.weight_decay", self.weight_decay, 0)
+        _at_least("train.warmup_steps", self.warmup_steps, 0)
+        _at_least("train.grad_cache_chunk", self.grad_cache_chunk, 1)
+        _at_least("train.checkpoint_every_n_steps", self.checkpoint_every_n_steps, 0)
+
+
+@dataclass
+class TrainerSection:
+    """The `lightning.pytorch.Trainer` arguments the project uses (a typo is an error, not ignored)."""
+
+    _target_: str = "lightning.pytorch.Trainer"
+    accelerator: str = "cpu"
+    devices: Any = 1
+    num_nodes: int = 1
+    strategy: str = "auto"
+    precision: Any = "32-true"
+    max_steps: int = 5000
+    max_epochs: int | None = None
+    min_steps: int | None = None
+    gradient_clip_val: float | None = 1.0
+    gradient_clip_algorithm: Literal["norm", "value"] = "norm"
+    accumulate_grad_batches: int = 1
+    deterministic: Any = True
+    benchmark: bool | None = None
+    log_every_n_steps: int = 10
+    val_check_interval: Any = None
+    check_val_every_n_epoch: int | None = 1
+    limit_train_batches: Any = None
+    limit_val_batches: Any = None
+    num_sanity_val_steps: int | None = None
+    enable_progress_bar: bool = True
+    enable_model_summary: bool = True
+    enable_checkpointing: bool = True
+    use_distributed_sampler: bool = True
+    sync_batchnorm: bool = False
+    fast_dev_run: Any = False
+    default_root_dir: str | None = None
+    reload_dataloaders_every_n_epochs: int = 0
+    profiler: str | None = None
+
+    def __post_init__(self) -> None:
+        if self._target_ != "lightning.pytorch.Trainer":
+            raise ConfigError(f"trainer._target_={self._target_!r} is not valid; allowed values: lightning.pytorch.Trainer")
+        _choice("trainer.accelerator", self.accelerator, ACCELERATORS)
+        _choice("trainer.precision", str(self.precision), PRECISIONS)
+        if self.deterministic not in (True, False, "warn", None):
+            raise ConfigError(f"trainer.deterministic={self.deterministic!r} is not valid; allowed values: true, false, warn")
+        if isinstance(self.max_steps, bool) or self.max_steps == 0 or self.max_steps < -1:
+            raise ConfigError(f"trainer.max_steps={self.max_steps!r} is not valid; allowed values: an int >= 1 (or -1 with max_epochs)")
+        if self.max_steps == -1 and not self.max_epochs:
+            raise ConfigError("trainer.max_steps=-1 needs trainer.max_epochs (the lr schedule needs a length)")
+        _at_least("trainer.num_nodes", self.num_nodes, 1)
+        _at_least("trainer.accumulate_grad_batches", self.accumulate_grad_batches, 1)
+        _at_least("trainer.log_every_n_steps", self.log_every_n_steps, 1)
+
+
+@dataclass
+class LoggerSection:
+    """`logger.*`: W&B (offline fallback, never fatal) + CSV, CSV only, or nothing."""
+
+    name: Literal["wandb", "csv", "none"] = "csv"
+    project: str = "lmk"
+    entity: str | None = None
+    group: str | None = None  # None: the multirun sweep folder's name (one group per sweep)
+    tags: list[str] = field(default_factory=list)
+    run_name: str | None = None
+    notes: str | None = None
+    mode: Literal["auto", "online", "offline", "disabled"] = "auto"  # auto: offline without credentials
+    log_model: bool = False
+    csv: bool = True  # also write <run_dir>/metrics.csv (always on for wandb: results never only in W&B)
+
+
+@dataclass
+class LauncherSection:
+    """`launcher.*`: where jobs run; submitit_slurm feeds these into hydra.launcher."""
+
+    name: Literal["local", "submitit_slurm"] = "local"
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    nodes: int = 1
+    gpus_per_node: int = 1
+    cpus_per_task: int = 8
+    mem_gb: int | None = None
+    timeout: int = 240  # minutes
+
+    def __post_init__(self) -> None:
+        _at_least("launcher.nodes", self.nodes, 1)
+        _at_least("launcher.gpus_per_node", self.gpus_per_node, 0)
+        _at_least("launcher.timeout", self.timeout, 1)
+
+
+@dataclass
+class RootConfig:
+    """The composed `conf/train.yaml` (after `validate`)."""
+
+    seed: int = 0
+    run_dir: str = "outputs/run"
+    ckpt_path: str | None = None  # null | last | a checkpoint path
+    name: str = "train"
+    row: str | None = None  # the table row id the row sweeper sets (`++row=...`)
+    encoder: Any = None
+    pooling: Any = None
+    data: Any = None
+    eval: Any = None
+    train: TrainSection = field(default_factory=TrainSection)
+    trainer: TrainerSection = field(default_factory=TrainerSection)
+    logger: LoggerSection = field(default_factory=LoggerSection)
+    launcher: LauncherSection = field(default_factory=LauncherSection)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ConfigError(f"seed={self.seed!r} is not valid; allowed values: an int >= 0")
+
+
+# ---- checks ------------------------------------------------------------------------------------
+def _choice(key: str, value: Any, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{key}={value!r} is not valid; allowed values: {', '.join(map(str, allowed))}")
+
+
+def _number(key: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(f"{key}={value!r} is not valid; allowed values: a number")
+
+
+def _positive(key: str, value: Any) -> None:
+    _number(key, value)
+    if not value > 0:
+        raise ConfigError(f"{key}={value!r} is not valid; allowed values: a number > 0")
+
+
+def _at_least(key: str, value: Any, minimum: int) -> None:
+    _number(key, value)
+    if value < minimum:
+        raise ConfigError(f"{key}={value!r} is not valid; allowed values: >= {minimum}")
+
+
+def _unknown_keys(path: str, keys: set[str], known: set[str]) -> None:
+    unknown = sorted(keys - known)
+    if not unknown:
+        return
+    key = unknown[0]
+    close = difflib.get_close_matches(key, sorted(known), n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    where = f"{path}." if path else ""
+    raise ConfigError(f"unknown key {where}{key}{hint}; allowed keys: {', '.join(sorted(known))}")
+
+
+def _check_type(key: str, value: Any, hint: Any) -> Any:
+    """Check `value` against a type hint (the subset the schemas use); ints are accepted for floats."""
+    if hint is Any or hint is object:
+        return value
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin is Literal:
+        _choice(key, value, args)
+        return value
+    if origin in (Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in (a for a in args if a is not type(None)):
+            try:
+                return _check_type(key, value, arg)
+            except ConfigError as err:
+                errors.append(str(err))
+        raise errors[0] if len(errors) == 1 else ConfigError(
+            f"{key}={value!r} is not valid; allowed: {' or '.join(_type_name(a) for a in args)}")
+    if origin in (list, tuple):
+        if not isinstance(value, list | tuple):
+            raise ConfigError(f"{key}={value!r} is not valid; allowed values: a list")
+        return [_check_type(f"{key}[{i}]", v, args[0]) for i, v in enumerate(value)] if args else list(value)
+    if origin is dict or hint is dict:
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{key}={value!r} is not valid; allowed values: a mapping")
+        return dict(value)
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key}={value!r} is not valid; allowed values: true, false")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{key}={value!r} is not valid; allowed values: an integer")
+        return value
+    if hint is float:
+        _number(key, value)
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{key}={value!r} is not valid; allowed values: a string")
+        return value
+    if value is None:
+        raise ConfigError(f"{key}=None is not valid; allowed: {_type_name(hint)}")
+    return value
+
+
+def _type_name(hint: Any) -> str:
+    return getattr(hint, "__name__", str(hint))
+
+
+def build_section(cls: type, node: Any, path: str) -> Any:
+    """Build dataclass `cls` from a mapping, checking keys and types; errors name `path.key`."""
+    if node is None:
+        node = {}
+    if not isinstance(node, Mapping):
+        raise ConfigError(f"{path}={node!r} is not valid; allowed values: a mapping with keys "
+                          f"{', '.join(f.name for f in dataclasses.fields(cls))}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    _unknown_keys(path, set(node), set(fields))
+    kwargs = {}
+    for name, value in node.items():
+        hint = hints[name]
+        if dataclasses.is_dataclass(hint):
+            kwargs[name] = build_section(hint, value, f"{path}.{name}" if path else name)
+        else:
+            kwargs[name] = _check_type(f"{path}.{name}" if path else name, value, hint)
+    try:
+        return cls(**kwargs)
+    except ConfigError:
+        raise
+    except (ValueError, TypeError) as err:
+        raise ConfigError(f"{path}: {err}") from err
+
+
+def _group(path: str, node: Any, loader: str) -> Any:
+    """Validate a group section with its owner's schema (`module:function`), if that module exists."""
+    module_name, func = loader.split(":")
+    try:
+        module = __import__(module_name, fromlist=[func])
+    except ImportError:  # the owner's schema has not landed: pass the plain mapping through
+        return node
+    fn = module
+    for part in func.split("."):
+        fn = getattr(fn, part)
+    try:
+        return fn(node)
+    except ConfigError:
+        raise
+    except (ValueError, TypeError) as err:
+        # Owner messages name their own keys (e.g. "PoolingConfig.strategy=..."); prefix the group path.
+        raise ConfigError(f"{path}: {err}") from err
+
+
+GROUP_SCHEMAS = {
+    "encoder": "lmk.model_config:EncoderConfig.coerce",
+    "pooling": "lmk.model_config:PoolingConfig.coerce",
+    "data": "lmk.data.config:DataConfig.coerce",
+    "eval": "lmk.eval.config:validate_eval_config",
+}
+
+
+def to_container(cfg: Any) -> dict[str, Any]:
+    """A DictConfig (resolved) or mapping as plain containers."""
+    try:
+        from omegaconf import DictConfig, OmegaConf
+    except ImportError:  # pragma: no cover
+        DictConfig = ()  # type: ignore[assignment]  # noqa: N806
+    if DictConfig and isinstance(cfg, DictConfig):
+        try:
+            return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)  # type: ignore[return-value]
+        except Exception as err:  # an interpolation / missing value: name it
+            raise ConfigError(f"config does not resolve: {err}") from err
+    return dict(cfg)
+
+
+def validate(cfg: Any) -> RootConfig:
+    """The typed, checked root config; raises ConfigError on the first bad key or value."""
+    plain = to_container(cfg)
+    plain.pop("hydra", None)
+    local = plain.pop("local", None)
+    if local:  # conf/local/*.yaml must be `# @package _global_` (first line) to set real keys
+        raise ConfigError(f"local={local!r}: the local config landed under a `local:` key; make "
+                          "`# @package _global_` the first line of conf/local/<file>.yaml")
+    groups = {k: plain.pop(k) for k in list(GROUP_SCHEMAS) if k in plain}
+    root = build_section(RootConfig, plain, "")
+    for key, node in groups.items():
+        setattr(root, key, _group(key, node, GROUP_SCHEMAS[key]))
+    for key in ("encoder", "pooling", "data"):
+        if getattr(root, key) is None:
+            raise ConfigError(f"{key} is missing: select one with `{key}=<option>` (see conf/{key}/)")
+    _cross_checks(root)
+    return root
+
+
+def _cross_checks(root: RootConfig) -> None:
+    if root.ckpt_path is not None and not isinstance(root.ckpt_path, str):
+        raise ConfigError(f"ckpt_path={root.ckpt_path!r} is not valid; allowed values: null, last, a file path")
+    t = root.trainer
+    if root.train.grad_cache and t.accumulate_grad_batches != 1:
+        raise ConfigError("train.grad_cache=true with trainer.accumulate_grad_batches>1: grad cache already "
+                          "reaches large batches; set trainer.accumulate_grad_batches=1")

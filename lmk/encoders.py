@@ -1,0 +1,178 @@
+"""Backbone + Hugging Face tokenizer from an encoder config (package path, hub id / local path, or random init)."""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import json
+import logging
+import os
+from typing import Any
+
+import torch
+from transformers import AutoConfig, AutoModel, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from lmk.model_config import EncoderConfig
+
+log = logging.getLogger(__name__)
+
+OFFLINE_ENCODERS = ("minilm-l6", "tiny-modernbert")
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# Seeded random inits are deterministic, so small ones are built once per process and copied after that:
+# initialising even a 10M-parameter ModernBERT takes seconds on a busy CPU (trunc_normal_ is slow).
+_RANDOM_CACHE: dict[str, PreTrainedModel] = {}
+_RANDOM_CACHE_MAX_PARAMS = 50_000_000
+
+
+def package_model_path(package: str) -> str:
+    """`package.get_model_path()`, with an error that says how to fix a missing package."""
+    try:
+        mod = importlib.import_module(package)
+    except ImportError as e:
+        raise ValueError(
+            f"encoder package {package!r} is not installed ({e}); install it (e.g. `pip install "
+            f"{package.replace('_', '-')}`) or use source=hub with a model_id"
+        ) from e
+    get_path = getattr(mod, "get_model_path", None)
+    if get_path is None:
+        raise ValueError(f"encoder package {package!r} has no get_model_path(); it is not a model package")
+    return str(get_path())
+
+
+def _resolve_tokenizer_source(spec: str) -> str:
+    """A tokenizer spec is an importable model package, a local folder, or a hub id."""
+    if os.path.isdir(spec):
+        return spec
+    if "/" not in spec:
+        try:
+            importlib.import_module(spec)
+        except ImportError:
+            pass
+        else:
+            return package_model_path(spec)
+    return spec
+
+
+def _offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes") or os.environ.get(
+        "TRANSFORMERS_OFFLINE", "0"
+    ).lower() in ("1", "true", "yes")
+
+
+def _hub_error(cfg_name: str, what: str, ident: str, err: Exception) -> OSError:
+    mode = "offline (HF_HUB_OFFLINE=1)" if _offline() else "the hub was unreachable or refused"
+    return OSError(
+        f"encoder {cfg_name!r}: could not load {what} {ident!r}: {mode} and it is not in the local cache. "
+        f"It needs network access (run once online to cache it) or a local path as encoder.model_id. "
+        f"Offline encoders that always work: {', '.join(OFFLINE_ENCODERS)}. (cause: {type(err).__name__}: {err})"
+    )
+
+
+def load_tokenizer(spec: str, max_positions: int, cfg: EncoderConfig | None = None) -> PreTrainedTokenizerBase:
+    """Fast tokenizer whose model_max_length is the backbone's position budget (no long-text warnings)."""
+    src = _resolve_tokenizer_source(spec)
+    kwargs: dict[str, Any] = {"model_max_length": max_positions}
+    if cfg is not None:
+        kwargs.update(trust_remote_code=cfg.trust_remote_code, revision=cfg.revision)
+    try:
+        tok = AutoTokenizer.from_pretrained(src, **kwargs)
+    except OSError as e:
+        raise _hub_error(cfg.name if cfg else "?", "tokenizer", src, e) from e
+    if not getattr(tok, "is_fast", False):
+        raise ValueError(f"tokenizer {src!r} has no fast (Rust) version; LandmarkTokenizer needs a fast tokenizer")
+    tok.model_max_length = max_positions
+    return tok
+
+
+def _model_kwargs(cfg: EncoderConfig) -> dict[str, Any]:
+    return {
+        "attn_implementation": cfg.attn_implementation,
+        "dtype": _DTYPES[cfg.dtype],
+        "trust_remote_code": cfg.trust_remote_code,
+    }
+
+
+def _random_backbone(cfg: EncoderConfig, tok: PreTrainedTokenizerBase) -> PreTrainedModel:
+    overrides = dict(cfg.config_overrides)
+    # The vocabulary and special ids come from the tokenizer: ModernBERT's defaults (50281..) are outside
+    # a BERT vocabulary and would index out of range.
+    special = {
+        "vocab_size": len(tok),
+        "pad_token_id": tok.pad_token_id,
+        "cls_token_id": tok.cls_token_id if tok.cls_token_id is not None else tok.bos_token_id,
+        "sep_token_id": tok.sep_token_id if tok.sep_token_id is not None else tok.eos_token_id,
+        "bos_token_id": tok.cls_token_id if tok.cls_token_id is not None else tok.bos_token_id,
+        "eos_token_id": tok.sep_token_id if tok.sep_token_id is not None else tok.eos_token_id,
+    }
+    for k, v in special.items():
+        overrides.setdefault(k, v)
+    overrides.setdefault("max_position_embeddings", cfg.max_positions)
+    try:
+        config = AutoConfig.for_model(cfg.architecture, **overrides)
+    except ValueError as e:
+        raise ValueError(
+            f"encoder {cfg.name!r}: unknown architecture {cfg.architecture!r} for random init ({e}); "
+            "use a transformers model_type such as modernbert or bert"
+        ) from e
+    key = json.dumps([config.to_dict(), cfg.seed, cfg.attn_implementation, cfg.dtype], sort_keys=True, default=str)
+    if key in _RANDOM_CACHE:
+        return copy.deepcopy(_RANDOM_CACHE[key])
+    # Seeded init without disturbing the caller's global RNG stream.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.seed)
+        model = AutoModel.from_config(config, attn_implementation=cfg.attn_implementation)
+    model = model.to(_DTYPES[cfg.dtype])
+    if sum(p.numel() for p in model.parameters()) <= _RANDOM_CACHE_MAX_PARAMS:
+        _RANDOM_CACHE[key] = copy.deepcopy(model)
+    return model
+
+
+def native_max_positions(model: PreTrainedModel) -> int | None:
+    """Longest input the backbone can take, or None when positions are relative (RoPE extrapolates)."""
+    config = model.config
+    emb = getattr(model, "embeddings", None)
+    if emb is None or getattr(emb, "position_embeddings", None) is None:
+        return None
+    n = int(config.max_position_embeddings)
+    if getattr(config, "model_type", "") in ("roberta", "xlm-roberta", "camembert"):
+        n -= int(config.pad_token_id) + 1  # RoBERTa-style positions start after padding_idx
+    return n
+
+
+def set_checkpointing(model: PreTrainedModel, enabled: bool) -> None:
+    """Activation (gradient) checkpointing on/off; non-reentrant so it works with frozen inputs and autocast."""
+    if enabled:
+        fn = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+        fn(gradient_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        fn = getattr(model, "activation_checkpointing_disable", None) or model.gradient_checkpointing_disable
+        fn()
+
+
+def load_backbone(encoder_cfg: Any) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """(transformers backbone, fast HF tokenizer) for an EncoderConfig / DictConfig / dict."""
+    cfg = EncoderConfig.coerce(encoder_cfg)
+    if cfg.source == "package":
+        path = package_model_path(cfg.package)
+        tok = load_tokenizer(cfg.tokenizer or path, cfg.max_positions, cfg)
+        model = AutoModel.from_pretrained(path, **_model_kwargs(cfg))
+    elif cfg.source == "hub":
+        tok = load_tokenizer(cfg.tokenizer or cfg.model_id, cfg.max_positions, cfg)
+        try:
+            model = AutoModel.from_pretrained(cfg.model_id, revision=cfg.revision, **_model_kwargs(cfg))
+        except OSError as e:
+            raise _hub_error(cfg.name, "model", cfg.model_id, e) from e
+    else:
+        tok = load_tokenizer(cfg.tokenizer, cfg.max_positions, cfg)
+        model = _random_backbone(cfg, tok)
+
+    native = native_max_positions(model)
+    if native is not None and cfg.max_positions > native:
+        raise ValueError(
+            f"encoder {cfg.name!r}: max_positions={cfg.max_positions} exceeds the backbone's {native} absolute "
+            f"positions; set encoder.max_positions<={native} or use a position-extended checkpoint"
+        )
+    model.eval()  # like from_pretrained; training code switches to train mode itself
+    if cfg.gradient_checkpointing:
+        set_checkpointing(model, True)
+    return model, tok

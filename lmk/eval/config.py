@@ -1,0 +1,137 @@
+"""`EvalConfig`: the schema of the `eval/` config group (one YAML per suite in `conf/eval/`).
+
+A suite is data: task names, groups of tasks averaged into one number, per-side max lengths and the
+sizes of the regenerated offline tasks. Every value is checked here, before any model is loaded or
+any text encoded, and a bad value raises `EvalConfigError` naming the key and the allowed values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+# The regenerated LongEmbed lengths (lmk.data.longembed.LENGTHS); repeated here so the schema does
+# not import the data package (config must load without the heavy deps).
+LENGTHS: tuple[int, ...] = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+LOCAL_TASKS: tuple[str, ...] = ("LocalPasskey", "LocalNeedle", "LocalLongDoc", "LocalShort")
+OVERWRITE_STRATEGIES: tuple[str, ...] = ("only-missing", "always")
+TASK_OPTION_KEYS: tuple[str, ...] = ("eval_splits", "hf_subsets", "languages")
+
+
+class EvalConfigError(ValueError):
+    """A bad `eval.*` value; the message names the key, the value and what is allowed."""
+
+
+@dataclass
+class EvalConfig:
+    _target_: str | None = None
+    name: str = "none"
+    # mteb task names and/or local task names (LocalPasskey, LocalNeedle, LocalLongDoc, LocalShort).
+    tasks: list[str] = field(default_factory=list)
+    # group name -> task names; the group score is the plain mean of the tasks' main scores.
+    groups: dict[str, list[str]] = field(default_factory=dict)
+    # per-task mteb filters, e.g. {MultiLongDocRetrieval: {eval_splits: [test], hf_subsets: [en]}}.
+    task_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    query_max_length: int = 512
+    passage_max_length: int = 512
+    batch_size: int = 32
+    # Callback schedule: every N optimizer steps (None = only at fit end) and at the end of fit.
+    every_n_steps: int | None = None
+    at_fit_end: bool = True
+    # Local tasks: which passkey/needle lengths and how many documents / queries to regenerate.
+    lengths: list[int] = field(default_factory=lambda: list(LENGTHS))
+    n_docs: int = 100
+    n_queries: int = 50
+    longdoc_n_docs: int = 100
+    short_n_queries: int = 200
+    seed: int = 0
+    # Folder of the mteb ResultCache; None = <run dir>/mteb_cache.
+    cache_dir: str | None = None
+    overwrite: str = "only-missing"
+    show_progress: bool = True
+
+    def __post_init__(self) -> None:
+        self.tasks = list(self.tasks)
+        self.lengths = [int(x) for x in self.lengths]
+        self.groups = {str(k): list(v) for k, v in dict(self.groups).items()}
+        self.task_options = {str(k): dict(v) for k, v in dict(self.task_options).items()}
+        self.check()
+
+    def check(self) -> None:
+        for key in ("query_max_length", "passage_max_length", "batch_size", "n_docs", "n_queries",
+                    "longdoc_n_docs", "short_n_queries"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise EvalConfigError(f"eval.{key}={value!r}: must be a positive integer")
+        if self.every_n_steps is not None and (
+            isinstance(self.every_n_steps, bool) or not isinstance(self.every_n_steps, int)
+            or self.every_n_steps < 1
+        ):
+            raise EvalConfigError(
+                f"eval.every_n_steps={self.every_n_steps!r}: must be a positive integer or null (fit end only)"
+            )
+        if self.n_queries > self.n_docs:
+            raise EvalConfigError(
+                f"eval.n_queries={self.n_queries} > eval.n_docs={self.n_docs}: each passkey/needle query "
+                "needs its own document; lower n_queries or raise n_docs"
+            )
+        bad = [x for x in self.lengths if x not in LENGTHS]
+        if bad or not self.lengths:
+            raise EvalConfigError(f"eval.lengths={self.lengths!r}: allowed lengths are {list(LENGTHS)} (non-empty)")
+        if len(set(self.lengths)) != len(self.lengths):
+            raise EvalConfigError(f"eval.lengths={self.lengths!r}: lengths repeat")
+        if len(set(self.tasks)) != len(self.tasks):
+            raise EvalConfigError(f"eval.tasks={self.tasks!r}: a task is listed twice")
+        if self.overwrite not in OVERWRITE_STRATEGIES:
+            raise EvalConfigError(f"eval.overwrite={self.overwrite!r}: allowed {list(OVERWRITE_STRATEGIES)}")
+        for group, members in self.groups.items():
+            missing = [t for t in members if t not in self.tasks]
+            if missing or not members:
+                raise EvalConfigError(
+                    f"eval.groups.{group}={members!r}: tasks {missing} are not in eval.tasks {self.tasks} "
+                    "(a group averages tasks of this suite; list at least one)"
+                )
+        for task, opts in self.task_options.items():
+            if task not in self.tasks:
+                raise EvalConfigError(f"eval.task_options.{task}: {task!r} is not in eval.tasks {self.tasks}")
+            unknown = [k for k in opts if k not in TASK_OPTION_KEYS]
+            if unknown:
+                raise EvalConfigError(
+                    f"eval.task_options.{task}: unknown keys {unknown}; allowed {list(TASK_OPTION_KEYS)}"
+                )
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.tasks)
+
+    @classmethod
+    def from_cfg(cls, cfg: Any) -> EvalConfig:
+        """Build from a DictConfig / mapping / EvalConfig; unknown keys are an error naming the known ones."""
+        if isinstance(cfg, EvalConfig):
+            return cfg
+        if cfg is None:
+            return cls()
+        try:
+            from omegaconf import DictConfig, OmegaConf
+
+            if isinstance(cfg, DictConfig):
+                cfg = OmegaConf.to_container(cfg, resolve=True)
+        except ImportError:  # pragma: no cover - omegaconf is a hard dependency
+            pass
+        if not isinstance(cfg, Mapping):
+            raise EvalConfigError(f"eval config must be a mapping, got {type(cfg).__name__}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(cfg) - known)
+        if unknown:
+            raise EvalConfigError(f"eval: unknown keys {unknown}; allowed keys are {sorted(known)}")
+        try:
+            return cls(**dict(cfg))
+        except TypeError as err:  # pragma: no cover - guarded by the key check above
+            raise EvalConfigError(f"eval: {err}") from err
+
+
+def validate_eval_config(cfg: Any) -> EvalConfig:
+    """Check an `eval` config section (used by lmk.config.validate); returns the typed config."""
+    return EvalConfig.from_cfg(cfg)

@@ -1,0 +1,136 @@
+"""mteb 2.x encoder adapter around `lmk.model.EmbeddingModel`.
+
+mteb hands `encode` a DataLoader of dicts (`batch["text"]`) plus the prompt type; queries go to the
+"query" side and documents to the "passage" side, each with its own max length (8192 for the
+long-context suites). The landmark tokenization of the configured pooling applies to both sides
+(eval mode: fixed chunk size), and `EmbeddingModel.encode` sorts texts by length into batches.
+
+The ModelMeta name carries model, pooling (with chunk size) and the weights fingerprint, and the
+experiment kwargs carry the per-side max lengths: two variants never share an mteb cache entry.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from mteb.models.abs_encoder import AbsEncoder
+from mteb.models.model_meta import ModelMeta
+from mteb.types import PromptType
+
+if TYPE_CHECKING:
+    from mteb.abstasks.task_metadata import TaskMetadata
+    from torch.utils.data import DataLoader
+
+    from lmk.model import EmbeddingModel
+
+logger = logging.getLogger(__name__)
+
+
+def _safe(text: str) -> str:
+    # ModelMeta names become cache folder names: keep them filesystem-safe.
+    return "".join(c if c.isalnum() or c in "-_." else "-" for c in text)
+
+
+class LmkEncoder(AbsEncoder):
+    """An `EmbeddingModel` as an mteb encoder (cosine similarity; embeddings are L2-normalised)."""
+
+    def __init__(
+        self,
+        model: EmbeddingModel,
+        query_max_length: int = 512,
+        passage_max_length: int = 512,
+        batch_size: int = 32,
+        show_progress: bool = False,
+        tag: str | None = None,
+    ) -> None:
+        for key, value in (("query_max_length", query_max_length), ("passage_max_length", passage_max_length),
+                           ("batch_size", batch_size)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{key}={value!r}: must be a positive integer")
+        self.model = model
+        self.query_max_length = query_max_length
+        self.passage_max_length = passage_max_length
+        self.batch_size = batch_size
+        self.show_progress = show_progress
+        self.fingerprint = model.fingerprint()
+        # Counters (tests and logs): encode calls, texts encoded, texts truncated to the max length.
+        self.n_encode_calls = 0
+        self.n_texts = 0
+        self.n_truncated = 0
+        self.mteb_model_meta = self._model_meta(tag)
+
+    def _model_meta(self, tag: str | None) -> ModelMeta:
+        m = self.model
+        pooling = m.pooling_cfg.label if getattr(m, "pooling_cfg", None) is not None else "custom"
+        encoder = m.encoder_cfg.name if getattr(m, "encoder_cfg", None) is not None else m.name.split("__")[0]
+        n_params = sum(p.numel() for p in m.parameters()) if hasattr(m, "parameters") else None
+        experiment: dict[str, Any] = {"qlen": self.query_max_length, "plen": self.passage_max_length}
+        if tag:
+            experiment["tag"] = _safe(tag)
+        return ModelMeta(
+            loader=None,
+            name=f"lmk/{_safe(encoder)}__{_safe(pooling)}__{self.fingerprint}",
+            revision=self.fingerprint,
+            release_date=None,
+            languages=None,
+            n_parameters=n_params,
+            memory_usage_mb=None,
+            max_tokens=float(m.max_positions),
+            embed_dim=int(m.hidden_size),
+            license=None,
+            open_weights=None,
+            public_training_code=None,
+            public_training_data=None,
+            framework=["PyTorch"],
+            reference=None,
+            similarity_fn_name="cosine",
+            use_instructions=False,
+            training_datasets=None,
+            experiment_kwargs=experiment,
+        )
+
+    def max_length(self, prompt_type: PromptType | str | None) -> int:
+        side = self.side(prompt_type)
+        return self.query_max_length if side == "query" else self.passage_max_length
+
+    @staticmethod
+    def side(prompt_type: PromptType | str | None) -> str:
+        # mteb encodes queries with PromptType.query and documents with PromptType.document; symmetric
+        # tasks pass None: embed those as passages.
+        value = prompt_type.value if isinstance(prompt_type, PromptType) else prompt_type
+        return "query" if value == "query" else "passage"
+
+    def encode(
+        self,
+        inputs: DataLoader[Mapping[str, Any]],
+        *,
+        task_metadata: TaskMetadata,
+        hf_split: str,
+        hf_subset: str,
+        prompt_type: PromptType | None = None,
+        **kwargs: Any,
+    ) -> np.ndarray:
+        texts: list[str] = []
+        for batch in inputs:
+            texts.extend(batch["text"])
+        side = self.side(prompt_type)
+        max_length = self.max_length(prompt_type)
+        start = time.perf_counter()
+        emb = self.model.encode(
+            texts, side=side, batch_size=self.batch_size, max_length=max_length, show_progress=self.show_progress
+        )
+        elapsed = max(time.perf_counter() - start, 1e-9)
+        truncated = int(getattr(self.model, "truncation_count", 0))
+        self.n_encode_calls += 1
+        self.n_texts += len(texts)
+        self.n_truncated += truncated
+        logger.info(
+            "eval %s [%s/%s] %s: %d texts in %.1fs (%.1f docs/s), %d reached max_length=%d (truncated)",
+            task_metadata.name, hf_split, hf_subset, side, len(texts), elapsed, len(texts) / elapsed,
+            truncated, min(max_length, int(self.model.max_positions)),
+        )
+        return np.asarray(emb, dtype=np.float32)

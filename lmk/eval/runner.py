@@ -1,0 +1,242 @@
+"""`run_suite`: one model through one eval suite with mteb, resumable, into the results "eval" section.
+
+- mteb owns retrieval and metrics (`mteb.evaluate`); this module only wires tasks, the encoder
+  adapter, an explicit per-run `mteb.ResultCache` and the summaries.
+- The cache key is the model's name (encoder + pooling + weights fingerprint) plus the per-side max
+  lengths (and a tag such as the training step), per task and split: a re-run after a crash only
+  computes the missing splits, a finished task is never recomputed, two variants never share scores.
+- Per-query scores: each retrieval task's `task_specific_scores` hook receives mteb's per-query
+  pytrec_eval scores; they are saved next to the cache (so they survive a resume) and gathered into
+  `per_query.json` ({task: {split: {query_id: score}}}) for paired t-tests.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import mteb
+from mteb.abstasks.abstask import AbsTask
+from mteb.abstasks.aggregated_task import AbsTaskAggregate
+
+from lmk.eval.config import EvalConfig
+from lmk.eval.encoder import LmkEncoder
+from lmk.eval.scoring import group_scores, metric_key, per_query_scores, split_key, summarize_scores
+from lmk.eval.suites import build_tasks
+
+if TYPE_CHECKING:
+    from lmk.model import EmbeddingModel
+
+log = logging.getLogger(__name__)
+
+PER_QUERY_FILE = "per_query.json"
+
+
+def _write_json(path: Path, data: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    with os.fdopen(fd, "w") as fh:
+        json.dump(data, fh, indent=1, sort_keys=True)
+    os.replace(tmp, path)  # atomic: a crash never leaves half a file
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def _leaf_tasks(task: AbsTask) -> list[AbsTask]:
+    return list(task.metadata.tasks) if isinstance(task, AbsTaskAggregate) else [task]
+
+
+def _install_per_query_hook(task: AbsTask, store: Path) -> None:
+    """Save mteb's per-query scores of the main metric for every split/subset evaluated."""
+    for leaf in _leaf_tasks(task):
+        if getattr(leaf, "_lmk_per_query_store", None) == store:
+            continue  # already hooked (tasks reused by the callback)
+        original = leaf.task_specific_scores
+        main, name = leaf.metadata.main_score, leaf.metadata.name
+
+        def hook(scores: Any, qrels: Any, results: Any, hf_split: str, hf_subset: str,
+                 _orig: Any = original, _main: str = main, _name: str = name) -> dict[str, float]:
+            path = store / f"{_name}.json"
+            data = _read_json(path)
+            data[split_key(hf_split, hf_subset)] = per_query_scores(scores, _main)
+            _write_json(path, data)
+            return _orig(scores, qrels, results, hf_split=hf_split, hf_subset=hf_subset)
+
+        # An instance attribute: mteb calls self.task_specific_scores(...) from _evaluate_subset.
+        leaf.task_specific_scores = hook
+        leaf._lmk_per_query_store = store
+
+
+def _task_per_query(task: AbsTask, store: Path) -> tuple[dict[str, dict[str, float]], list[str]]:
+    """The task's per-query scores for its requested splits, and the split keys that are missing."""
+    leaves = _leaf_tasks(task)
+    out: dict[str, dict[str, float]] = {}
+    missing: list[str] = []
+    for leaf in leaves:
+        data = _read_json(store / f"{leaf.metadata.name}.json")
+        for split in leaf.eval_splits:
+            for subset in leaf.hf_subsets:
+                key = split_key(split, subset)
+                if key not in data:
+                    missing.append(f"{leaf.metadata.name}:{key}")
+                    continue
+                # Aggregates (CQADupstack) pool their sub-tasks' queries: prefix ids with the sub-task.
+                prefix = f"{leaf.metadata.name}/" if len(leaves) > 1 else ""
+                out.setdefault(key, {}).update({prefix + q: s for q, s in data[key].items()})
+    return out, missing
+
+
+def _drop_stale_cache(cache: mteb.ResultCache, task: AbsTask, encoder: LmkEncoder, store: Path) -> None:
+    """Never score changed data from the cache.
+
+    Local tasks: each split's data hash is recorded next to the cache; a cached split whose data
+    changed (regenerated with other sizes / seed) is removed from the cached result, so mteb
+    recomputes exactly that split. Hub tasks: a cached result of another dataset revision is
+    dropped (mteb itself skips that check when every split is cached).
+    """
+    if isinstance(task, AbsTaskAggregate):
+        return
+    meta = encoder.mteb_model_meta
+    name = task.metadata.name
+    path = cache.get_task_result_path(name, meta)
+    cached = cache.load_task_result(name, meta)
+    fingerprints = getattr(task, "split_fingerprints", None)
+    if fingerprints is None:
+        if cached is not None and cached.dataset_revision != task.metadata.revision:
+            log.warning("eval %s: cached results are for dataset revision %s, data is now %s: recomputing",
+                        name, cached.dataset_revision, task.metadata.revision)
+            path.unlink(missing_ok=True)
+            (store / f"{name}.json").unlink(missing_ok=True)
+        return
+    sidecar = store / f"{name}.fingerprints.json"
+    known = _read_json(sidecar)
+    if cached is not None:
+        stale = [s for s in cached.scores if s in fingerprints and known.get(s) != fingerprints[s]]
+        if stale:
+            log.warning("eval %s: data of splits %s changed since they were cached: recomputing them", name, stale)
+            for split in stale:
+                del cached.scores[split]
+            if cached.scores:
+                cached.to_disk(path)
+            else:
+                path.unlink(missing_ok=True)
+            per_query = _read_json(store / f"{name}.json")
+            per_query = {k: v for k, v in per_query.items() if k.split("/", 1)[0] not in stale}
+            _write_json(store / f"{name}.json", per_query)
+    known.update(fingerprints)
+    _write_json(sidecar, known)
+
+
+def _log_metrics(logger: Any, metrics: Mapping[str, float], step: int | None) -> None:
+    if logger is None or not metrics:
+        return
+    loggers = logger if isinstance(logger, Sequence) else [logger]
+    for lg in loggers:
+        try:
+            lg.log_metrics(dict(metrics), step=step)
+        except Exception as err:  # a logger failure must never lose the eval results
+            log.warning("eval: logger %s failed to log metrics: %s", type(lg).__name__, err)
+
+
+def suite_metrics(section: Mapping[str, Any]) -> dict[str, float]:
+    """Flat logger metrics from an eval section: eval/<task>, eval/<task>/<split>, eval/group/<group>."""
+    metrics: dict[str, float] = {}
+    for task, entry in section.get("tasks", {}).items():
+        metrics[metric_key("eval", task)] = entry["main_score"]
+        for split, value in entry.get("splits", {}).items():
+            metrics[metric_key("eval", task, split)] = value
+    for group, value in section.get("groups", {}).items():
+        if value is not None:
+            metrics[metric_key("eval", "group", group)] = value
+    return metrics
+
+
+def run_suite(
+    model: EmbeddingModel,
+    eval_cfg: Any,
+    cache_dir: str | os.PathLike,
+    logger: Any = None,
+    *,
+    out_dir: str | os.PathLike | None = None,
+    per_query_file: str | None = PER_QUERY_FILE,
+    tag: str | None = None,
+    step: int | None = None,
+    tasks: Sequence[AbsTask] | None = None,
+) -> dict[str, Any]:
+    """Evaluate `model` on the suite `eval_cfg`; returns the results.json "eval" section.
+
+    cache_dir: the mteb ResultCache folder (resume). out_dir: where `per_query_file` is written
+    (default: the parent of cache_dir, i.e. the run dir); None as per_query_file skips it.
+    tag: extra cache identity (e.g. "step500" for mid-training evals of changing weights).
+    logger: None, a Lightning-style logger (log_metrics) or a list of them. tasks: prebuilt tasks
+    (the callback builds them once); by default built from the config (names checked first).
+    """
+    cfg = EvalConfig.from_cfg(eval_cfg)
+    section: dict[str, Any] = {"suite": cfg.name, "tasks": {}, "groups": {}}
+    if not cfg.enabled:
+        return section
+    task_list = list(tasks) if tasks is not None else build_tasks(cfg)
+    cache_dir = Path(cache_dir)
+    out_dir = Path(out_dir) if out_dir is not None else cache_dir.parent
+    encoder = LmkEncoder(model, cfg.query_max_length, cfg.passage_max_length, cfg.batch_size,
+                         show_progress=cfg.show_progress, tag=tag)
+    meta = encoder.mteb_model_meta
+    cache = mteb.ResultCache(cache_path=cache_dir)
+    store = cache_dir / "per_query" / meta.model_name_as_path() / str(meta.revision) / (meta.experiment_name or "")
+    timings: dict[str, float] = {}
+    per_query: dict[str, Any] = {}
+    was_training = bool(getattr(model, "training", False))
+    model.eval()
+    try:
+        for i, task in enumerate(task_list, 1):
+            name = task.metadata.name
+            log.info("eval [%d/%d] %s (%s), splits %s, model %s", i, len(task_list), name, task.metadata.main_score,
+                     list(task.eval_splits), meta.name)
+            _drop_stale_cache(cache, task, encoder, store)
+            _install_per_query_hook(task, store)
+            calls_before, start = encoder.n_encode_calls, time.perf_counter()
+            result = mteb.evaluate(
+                encoder,
+                task,
+                cache=cache,
+                overwrite_strategy=cfg.overwrite,
+                encode_kwargs={"batch_size": cfg.batch_size, "show_progress_bar": cfg.show_progress},
+                show_progress_bar=False,
+                co2_tracker=False,
+                raise_error=True,
+            )
+            timings[name] = round(time.perf_counter() - start, 3)
+            if not result.task_results:
+                raise RuntimeError(f"eval {name}: mteb returned no result ({result.exceptions})")
+            summary = summarize_scores(result.task_results[0].scores, task.metadata.main_score,
+                                       task.eval_splits, task.hf_subsets)
+            section["tasks"][name] = summary
+            log.info("eval %s: %s=%.4f %s%s", name, summary["metric"], summary["main_score"],
+                     {k: round(v, 4) for k, v in summary["splits"].items()},
+                     " (from cache)" if encoder.n_encode_calls == calls_before else "")
+            pq, missing = _task_per_query(task, store)
+            if missing:
+                log.warning("eval %s: no per-query scores for %s (cached before per-query saving?)", name, missing)
+            per_query[name] = pq
+    finally:
+        model.train(was_training)
+    task_main = {t: e["main_score"] for t, e in section["tasks"].items()}
+    section["groups"] = group_scores(task_main, cfg.groups)
+    for group, value in section["groups"].items():
+        log.info("eval group %s: %s", group, "n/a" if value is None else f"{value:.4f}")
+    section.update(model=meta.name, fingerprint=encoder.fingerprint, query_max_length=cfg.query_max_length,
+                   passage_max_length=cfg.passage_max_length, n_truncated=encoder.n_truncated,
+                   n_encoded=encoder.n_texts, timings=timings)
+    if per_query_file:
+        _write_json(out_dir / per_query_file, per_query)
+        section["per_query"] = per_query_file
+    _log_metrics(logger, suite_metrics(section), step)
+    return section

@@ -1,0 +1,115 @@
+"""Gradient caching (GradCache, Gao et al. 2021): a contrastive batch far larger than memory allows.
+
+The loss couples every query with every passage, so it cannot be split into independent
+mini-batches. Instead:
+1. embed the batch in mini-batches ("chunks") without autograd graphs, saving each chunk's RNG state;
+2. compute the loss on the detached embeddings (as autograd leaves) and backprop to them only;
+3. re-run each chunk with autograd (RNG state restored, so dropout draws the same masks) and
+   backprop the cached embedding gradients into the parameters.
+Peak activation memory is one chunk's; the loss and the parameter gradients equal the uncached ones.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
+
+import torch
+from torch import Tensor
+
+Features = Mapping[str, Tensor]
+EmbedFn = Callable[[Features], Tensor]
+
+
+class RandState:
+    """CPU (+ CUDA, when in use) RNG state at one point, replayable with `replay()`."""
+
+    def __init__(self, devices: Sequence[torch.device]) -> None:
+        self.cpu_state = torch.get_rng_state()
+        self.cuda_devices = sorted({d.index or 0 for d in devices if d.type == "cuda"})
+        self.cuda_states = [torch.cuda.get_rng_state(i) for i in self.cuda_devices]
+
+    @contextlib.contextmanager
+    def replay(self) -> Iterator[None]:
+        # fork_rng restores the surrounding RNG afterwards, so replaying does not rewind the run's RNG.
+        with torch.random.fork_rng(devices=self.cuda_devices):
+            torch.set_rng_state(self.cpu_state)
+            for i, state in zip(self.cuda_devices, self.cuda_states, strict=True):
+                torch.cuda.set_rng_state(state, i)
+            yield
+
+
+def split_features(features: Features, chunk_size: int) -> list[dict[str, Tensor]]:
+    """Row chunks of a features dict (every tensor sliced on dim 0)."""
+    if chunk_size < 1:
+        raise ValueError(f"grad_cache_chunk must be >= 1, got {chunk_size}")
+    n = next(iter(features.values())).shape[0]
+    return [{k: v[i : i + chunk_size] for k, v in features.items()} for i in range(0, n, chunk_size)]
+
+
+def embed_without_grad(embed: EmbedFn, chunks: Sequence[Features]) -> tuple[Tensor, list[RandState]]:
+    """Step 1: embeddings of all chunks (no graph) and the RNG state before each chunk."""
+    outs, states = [], []
+    for chunk in chunks:
+        states.append(RandState([t.device for t in chunk.values()]))
+        with torch.no_grad():
+            outs.append(embed(chunk))
+    return torch.cat(outs), states
+
+
+def backward_chunks(
+    embed: EmbedFn,
+    chunks: Sequence[Features],
+    states: Sequence[RandState],
+    grads: Tensor,
+    backward: Callable[[Tensor], None] | None = None,
+    no_sync: Callable[[], contextlib.AbstractContextManager] | None = None,
+    last: bool = True,
+) -> None:
+    """Step 3: re-run each chunk with autograd and push `grads` (d loss / d embeddings) into the params.
+
+    `backward(surrogate)` defaults to `surrogate.backward()` (the module passes Lightning's
+    `manual_backward`). `no_sync()` (DDP's) is entered for every chunk but the very last of the
+    step (`last` says whether this call holds it), so gradients are all-reduced once.
+    """
+    backward = backward or (lambda t: t.backward())
+    start = 0
+    for i, (chunk, state) in enumerate(zip(chunks, states, strict=True)):
+        with state.replay():
+            emb = embed(chunk)
+        g = grads[start : start + emb.shape[0]]
+        start += emb.shape[0]
+        # d(sum(emb * g))/d theta = g^T d emb / d theta: the chain rule with the cached gradient.
+        surrogate = torch.dot(emb.flatten().float(), g.flatten().float())
+        final = last and i == len(chunks) - 1
+        ctx = no_sync() if (no_sync is not None and not final) else contextlib.nullcontext()
+        with ctx:
+            backward(surrogate)
+    if start != grads.shape[0]:
+        raise RuntimeError(f"cached gradients cover {grads.shape[0]} rows, chunks {start}")
+
+
+def grad_cache_step(
+    embed: EmbedFn,
+    query: Features,
+    passage: Features,
+    loss_fn: Callable[[Tensor, Tensor], Tensor],
+    chunk_size: int = 32,
+    backward: Callable[[Tensor], None] | None = None,
+    no_sync: Callable[[], contextlib.AbstractContextManager] | None = None,
+) -> Tensor:
+    """One cached forward/backward over a (query, passage) batch; returns the detached loss.
+
+    `loss_fn(q_emb, p_emb)` may gather across devices (with gradients) itself. After the call the
+    parameters hold the same `.grad` as `loss_fn(embed(query), embed(passage)).backward()` would give.
+    """
+    q_chunks, p_chunks = split_features(query, chunk_size), split_features(passage, chunk_size)
+    q_emb, q_states = embed_without_grad(embed, q_chunks)
+    p_emb, p_states = embed_without_grad(embed, p_chunks)
+    q_leaf, p_leaf = q_emb.detach().requires_grad_(), p_emb.detach().requires_grad_()
+    with torch.enable_grad():
+        loss = loss_fn(q_leaf, p_leaf)
+        q_grad, p_grad = torch.autograd.grad(loss, [q_leaf, p_leaf])
+    backward_chunks(embed, q_chunks, q_states, q_grad, backward, no_sync, last=False)
+    backward_chunks(embed, p_chunks, p_states, p_grad, backward, no_sync, last=True)
+    return loss.detach()

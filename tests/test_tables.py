@@ -1,0 +1,130 @@
+"""The Table-2 aggregator on hand-written results files, and spec validation."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from lmk.results import update_results
+from lmk.table_spec import SpecError, load_spec, validate_spec
+from lmk.tables import MixedResultsError, aggregate
+
+SPEC = {
+    "name": "t2", "title": "Test table", "baseline": "cls", "alpha": 0.05,
+    "rows": [
+        {"id": "cls", "label": "CLS", "overrides": ["pooling=cls"]},
+        {"id": "mean", "label": "Mean", "overrides": ["pooling=mean"]},
+        {"id": "lmk", "label": "LMK-32", "overrides": ["pooling=lmk-fixed", "pooling.chunk_size=32"]},
+    ],
+    "scales": {"s": {"train_overrides": [], "columns": [
+        {"group": "short-a", "label": "A", "context": "short"},
+        {"group": "long-b", "label": "B", "context": "long"},
+    ]}},
+}
+
+
+def write_run(folder: Path, row: str, groups: dict[str, float], per_query: dict | None = None,
+              config_hash: str = "h", status: str = "completed") -> Path:
+    ev = {"suite": "x", "groups": groups, "group_tasks": {"short-a": ["TaskA"], "long-b": ["TaskB"]}}
+    if per_query is not None:
+        (folder).mkdir(parents=True, exist_ok=True)
+        (folder / "per_query.json").write_text(json.dumps(per_query))
+        ev["per_query"] = "per_query.json"
+    update_results(folder, row=row, status=status, config_hash=f"{config_hash}-{row}",
+                   git_commit="abc123def456789", eval=ev)
+    return folder
+
+
+@pytest.fixture()
+def spec_path(tmp_path: Path) -> Path:
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(SPEC))
+    return path
+
+
+def per_query(a: list[float], b: list[float]) -> dict:
+    return {"TaskA": {"test": {f"q{i}": v for i, v in enumerate(a)}},
+            "TaskB": {"test": {f"q{i}": v for i, v in enumerate(b)}}}
+
+
+def test_aggregate_bold_significance_and_provenance(spec_path: Path, tmp_path: Path) -> None:
+    out = tmp_path / "sweep"
+    n = 30
+    # mean is far better than cls on A, identical on B -> dagger on A only.
+    write_run(out / "train" / "cls", "cls", {"short-a": 0.20, "long-b": 0.50},
+              per_query([0.2 + 0.01 * (i % 3) for i in range(n)], [0.5] * n))
+    write_run(out / "train" / "mean", "mean", {"short-a": 0.60, "long-b": 0.40},
+              per_query([0.6 + 0.01 * (i % 2) for i in range(n)], [0.5] * n))
+    write_run(out / "train" / "lmk", "lmk", {"short-a": 0.30, "long-b": 0.70})
+    table, paths = aggregate(spec_path, "s", out)
+    md = paths["md"].read_text()
+    lines = {line.split("|")[1].strip(): line for line in md.splitlines() if line.startswith("| ")}
+    assert "| Pooling | A | B | Avg short | Avg long | Avg |" in md
+    # best per column in bold; dagger only where the paired test says so
+    assert lines["Mean"].split("|")[2].strip() == "**60.0\u2020**"
+    assert lines["Mean"].split("|")[3].strip() == "40.0"       # p = 1 on identical B scores
+    assert lines["LMK-32"].split("|")[3].strip() == "**70.0**"  # no per-query file: no mark
+    assert lines["CLS"].split("|")[2].strip() == "20.0"
+    assert lines["LMK-32"].split("|")[6].strip() == "**50.0**"  # overall avg (0.3 + 0.7) / 2
+    assert "commit `abc123def456`" in md and "hash `h-lmk`" in md and str(out / "train" / "lmk") in md
+    tex = paths["tex"].read_text()
+    assert "\\textbf{60.0$^\\dagger$}" in tex and "\\textbf{70.0}" in tex and "\\toprule" in tex
+    with open(paths["csv"]) as fh:
+        cells = list(csv.DictReader(fh))
+    cell = next(c for c in cells if c["row"] == "mean" and c["column"] == "short-a")
+    assert cell["value"] == "60.0" and cell["best"] == "True" and cell["significant"] == "True"
+    assert cell["run_dir"] == str(out / "train" / "mean") and cell["config_hash"] == "h-mean"
+    assert float(cell["p_value"]) < 0.05
+    assert paths["png"].stat().st_size > 0
+    assert table.blocks["train"]["cls"]["short-a"].p_value is None  # the baseline is not tested
+
+
+def test_missing_row_and_failed_row_show_dash(spec_path: Path, tmp_path: Path) -> None:
+    out = tmp_path / "sweep"
+    write_run(out / "train" / "cls", "cls", {"short-a": 0.2, "long-b": 0.5})
+    write_run(out / "train" / "mean", "mean", {}, status="failed")
+    _, paths = aggregate(spec_path, "s", out)
+    md = paths["md"].read_text()
+    mean_line = next(line for line in md.splitlines() if line.startswith("| Mean"))
+    assert mean_line.count("| -") == 5
+    assert "| LMK-32 | - | - | - | - | - |" in md
+
+
+def test_mixed_results_folder_is_refused(spec_path: Path, tmp_path: Path) -> None:
+    out = tmp_path / "sweep"
+    write_run(out / "train" / "cls", "cls", {"short-a": 0.2, "long-b": 0.5}, config_hash="one")
+    write_run(out / "train" / "old-cls", "cls", {"short-a": 0.3, "long-b": 0.5}, config_hash="two")
+    with pytest.raises(MixedResultsError) as err:
+        aggregate(spec_path, "s", out)
+    assert str(out / "train" / "cls" / "results.json") in str(err.value)
+    assert str(out / "train" / "old-cls" / "results.json") in str(err.value)
+
+
+def test_no_results_names_the_command(spec_path: Path, tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="make reproduce-table2"):
+        aggregate(spec_path, "s", tmp_path / "empty")
+
+
+def test_real_spec_validates_at_every_scale() -> None:
+    spec = load_spec("experiments/table2/spec.yaml")
+    for scale in spec.scales:
+        validate_spec(spec, scale)
+    assert [r.id for r in spec.rows_for(spec.scale("mini"))][:3] == ["cls", "mean", "lmk-sentence"]
+    assert {"every-k", "multi-cls"} <= {r.id for r in spec.rows_for(spec.scale("paper"))}
+
+
+def test_unknown_pooling_and_group_fail_with_valid_names(tmp_path: Path) -> None:
+    bad = json.loads(json.dumps(SPEC))
+    bad["rows"][1]["overrides"] = ["pooling=meen"]
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(bad))
+    with pytest.raises(SpecError, match=r"unknown pooling 'meen' \(did you mean mean"):
+        validate_spec(load_spec(path), "s")
+    spec = load_spec("experiments/table2/spec.yaml")
+    spec.scales["mini"].columns[0] = type(spec.scales["mini"].columns[0])("local-shrt", "x", "short")
+    with pytest.raises(SpecError, match="not an eval group.*did you mean local-short"):
+        validate_spec(spec, "mini")

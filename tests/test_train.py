@@ -1,0 +1,145 @@
+"""`python -m lmk.train` end to end at tiny size: checkpoints, export, results.json, W&B offline, resume."""
+
+from __future__ import annotations
+
+import csv
+import glob
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF = str(ROOT / "conf")
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "WANDB_SILENT": "true"}
+ENV.pop("WANDB_API_KEY", None)
+ENV.pop("WANDB_MODE", None)
+
+
+def write_pairs(path: Path, n: int = 24) -> Path:
+    topics = ["lists", "the moon", "coffee", "sockets", "violins", "rivers", "taxes", "bees"]
+    with open(path, "w") as fh:
+        for i in range(n):
+            t, o = topics[i % 8], topics[(i + 3) % 8]
+            fh.write(json.dumps({"query": f"tell me about {t} {i}",
+                                 "pos": [f"{t} {i} are described here. All about {t}."],
+                                 "neg": [f"a note on {o}, nothing else", f"more on {o} {i}"]}) + "\n")
+    return path
+
+
+def overrides(run_dir: Path, pairs: Path, *extra: str) -> list[str]:
+    return ["experiment=tiny", f"hydra.run.dir={run_dir}", f"data.sources=[{{path:'{pairs}'}}]",
+            "data.max_rows=null", *extra]
+
+
+def cli(run_dir: Path, pairs: Path, *extra: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "lmk.train", *overrides(run_dir, pairs, *extra)]
+    return subprocess.run(cmd, cwd=ROOT, env=env or ENV, capture_output=True, text=True, timeout=600)
+
+
+def in_process(run_dir: Path, pairs: Path, *extra: str) -> float | None:
+    from hydra import compose, initialize_config_dir
+
+    from lmk.train import run
+
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        cfg = compose(config_name="train", overrides=[f"run_dir={run_dir}", *overrides(run_dir, pairs, *extra)[0:1],
+                                                      *overrides(run_dir, pairs, *extra)[2:]])
+    return run(cfg)
+
+
+def results(run_dir: Path) -> dict:
+    return json.loads((run_dir / "results.json").read_text())
+
+
+def losses(run_dir: Path) -> list[tuple[int, float]]:
+    rows = list(csv.DictReader(open(run_dir / "metrics.csv")))
+    return [(int(r["step"]), float(r["train/loss"])) for r in rows if r.get("train/loss")]
+
+
+@pytest.fixture()
+def pairs(tmp_path: Path) -> Path:
+    return write_pairs(tmp_path / "pairs.jsonl")
+
+
+def test_cli_end_to_end_with_wandb_offline(tmp_path, pairs):
+    run_dir = tmp_path / "run"
+    proc = cli(run_dir, pairs, "encoder=tiny-modernbert", "pooling=lmk-variable", "trainer=cpu", "logger=wandb")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = results(run_dir)
+    assert res["status"] == "done" and res["metrics"]["global_step"] == 3
+    assert res["config"]["pooling"]["name"] == "lmk-variable" and "${" not in json.dumps(res["config"])
+    assert res["config_hash"] and res["data_fingerprint"] and "fit" in res["timings"]
+    assert (run_dir / "checkpoints" / "last.ckpt").exists() and (run_dir / "checkpoints" / "best.ckpt").exists()
+    assert losses(run_dir), "metrics.csv has the training loss"
+    # W&B: an offline run folder that `wandb sync` accepts, and the sync hint.
+    runs = glob.glob(str(run_dir / "wandb" / "offline-run-*" / "run-*.wandb"))
+    assert runs, list(run_dir.rglob("*"))[:20]
+    assert res["wandb"]["mode"] == "offline" and res["wandb"]["sync"].startswith("wandb sync ")
+    assert "wandb sync" in proc.stderr + proc.stdout
+    # The export reloads and embeds like the final checkpoint's weights.
+    import torch
+
+    from lmk.export import load_exported
+    from lmk.model import EmbeddingModel
+
+    exported = load_exported(run_dir / "export")
+    state = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)["state_dict"]
+    fresh = EmbeddingModel.build(res["config"]["encoder"], res["config"]["pooling"], query_max_length=16,
+                                 passage_max_length=48)
+    fresh.load_state_dict({k.removeprefix("model."): v for k, v in state.items()})
+    texts = ["the moon and its phases", "a short one"]
+    np.testing.assert_allclose(exported.encode(texts), fresh.encode(texts), atol=1e-5)
+
+
+def test_config_typo_fails_before_training(tmp_path, pairs):
+    run_dir = tmp_path / "bad"
+    proc = cli(run_dir, pairs, "+trainer.max_stepz=3")
+    assert proc.returncode != 0
+    assert "max_stepz" in proc.stderr and "allowed keys" in proc.stderr and "max_steps" in proc.stderr
+    assert not (run_dir / "checkpoints").exists()
+
+
+def test_same_seed_same_metrics_and_resume_continues(tmp_path, pairs):
+    a, b = tmp_path / "a", tmp_path / "b"
+    in_process(a, pairs, "seed=3", "trainer.max_steps=2")
+    in_process(b, pairs, "seed=3", "trainer.max_steps=2")
+    assert losses(a) == losses(b) and len(losses(a)) == 2
+    assert results(a)["metrics"]["train/loss"] == results(b)["metrics"]["train/loss"]
+    # Resume a's last.ckpt (step 2) up to step 4: two more steps, appended to the same metrics.csv.
+    in_process(a, pairs, "seed=3", "trainer.max_steps=4", "ckpt_path=last")
+    res = results(a)
+    assert res["metrics"]["global_step"] == 4
+    assert res["checkpoints"]["resumed_from"].endswith("last.ckpt")
+    assert [s for s, _ in losses(a)] == [0, 1, 2, 3]
+
+
+def test_wandb_failure_never_kills_the_run(tmp_path, pairs, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "not-a-mode")  # wandb.init raises on this
+    run_dir = tmp_path / "wb"
+    with pytest.warns(UserWarning, match="W&B"):
+        in_process(run_dir, pairs, "logger=wandb", "trainer.max_steps=1")
+    res = results(run_dir)
+    assert res["status"] == "done" and res["wandb"] == {}
+    assert losses(run_dir)
+
+
+def test_failure_is_recorded(tmp_path, pairs):
+    run_dir = tmp_path / "fail"
+    with pytest.raises(FileNotFoundError):
+        in_process(run_dir, pairs, "ckpt_path=/nonexistent/x.ckpt")
+    res = results(run_dir)
+    assert res["status"] == "failed" and "nonexistent" in res["error"]
+
+
+@pytest.mark.slow
+def test_cli_ddp_two_cpu_processes(tmp_path, pairs):
+    run_dir = tmp_path / "ddp"
+    proc = cli(run_dir, pairs, "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2",
+               "trainer.precision=32-true", "trainer.deterministic=true", "trainer.max_steps=2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert results(run_dir)["status"] == "done" and results(run_dir)["metrics"]["global_step"] == 2
