@@ -23,7 +23,7 @@ from benchmarks.common import (
 SECTION = "encode"
 SIZES: dict[str, dict[str, Any]] = {
     "tiny": {"n_texts": 12, "min_words": 5, "max_words": 100, "max_length": 96, "batch_size": 4, "repeats": 1},
-    "full": {"n_texts": 256, "min_words": 10, "max_words": 600, "max_length": 256, "batch_size": 32, "repeats": 3},
+    "full": {"n_texts": 128, "min_words": 10, "max_words": 600, "max_length": 256, "batch_size": 32, "repeats": 3},
 }
 
 

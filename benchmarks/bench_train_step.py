@@ -21,7 +21,7 @@ SECTION = "train_step"
 SIZES: dict[str, dict[str, Any]] = {
     "tiny": {"steps": 3, "warmup_steps": 1, "batch_size": 2, "group_size": 2, "query_len": 16, "passage_len": 48,
              "rounds": 1},
-    "full": {"steps": 16, "warmup_steps": 3, "batch_size": 8, "group_size": 2, "query_len": 32, "passage_len": 128,
+    "full": {"steps": 12, "warmup_steps": 2, "batch_size": 8, "group_size": 2, "query_len": 32, "passage_len": 128,
              "rounds": 2},
 }
 LR, TAU, WEIGHT_DECAY, SCHEDULE_WARMUP = 1e-4, 0.02, 0.01, 2

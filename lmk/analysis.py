@@ -51,6 +51,7 @@ __all__ = [
     "AttentionProfile",
     "attention_profile",
     "bin_attention",
+    "bin_centers",
     "depth_bins",
     "depth_length_table",
     "evidence_position_sensitivity",
@@ -66,6 +67,7 @@ __all__ = [
     "position_curve",
     "position_similarity",
     "probe_attention",
+    "record_pooled_attention",
     "profile_models",
     "save_figure",
     "sensitivity_tables",
@@ -99,7 +101,9 @@ def bin_attention(
     """
     n_bins = _check_int("n_bins", n_bins)
     if attn_rows.dim() < 1 or attn_rows.shape[-1] == 0:
-        raise ValueError(f"attn_rows must have a non-empty last (key) dimension, got shape {tuple(attn_rows.shape)}")
+        raise ValueError(
+            f"attn_rows must have a non-empty last (key) dimension, got shape {tuple(attn_rows.shape)}"
+        )
     attn = attn_rows.float()
     if key_mask is None:
         key_mask = torch.ones(attn.shape[-1], dtype=torch.bool, device=attn.device)
@@ -162,7 +166,9 @@ def pooled_rows(features: Mapping[str, torch.Tensor], kind: str) -> torch.Tensor
         return real
     pool = features.get("pool_mask")
     if pool is None:
-        raise ValueError("lmk rows need features['pool_mask']; tokenize with a landmark strategy (e.g. fixed)")
+        raise ValueError(
+            "lmk rows need features['pool_mask']; tokenize with a landmark strategy (e.g. fixed)"
+        )
     rows = pool.bool() & real
     empty = ~rows.any(-1, keepdim=True)
     return torch.where(empty, real, rows)
@@ -185,7 +191,9 @@ class _Recorder:
         self.row_mass: list[torch.Tensor] = []  # [R] mass on real keys per row (1 for a proper softmax)
 
     @torch.no_grad()
-    def record(self, query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None, scaling: float | None) -> None:
+    def record(
+        self, query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None, scaling: float | None
+    ) -> None:
         if query.shape[0] != 1:
             raise RuntimeError("the attention probe runs one input at a time (batch of 1)")
         q, k = query[0], key[0]  # [H, T, d], [Hk, T, d]
@@ -201,7 +209,9 @@ class _Recorder:
             scores = (q[:, idx].float() @ kt) * scale  # [H, r, T]: only the pooled rows, never T x T
             if m is not None:
                 mm = m[:, idx] if m.shape[-2] > 1 else m
-                scores = scores.masked_fill(~mm, float("-inf")) if mm.dtype == torch.bool else scores + mm.float()
+                scores = (
+                    scores.masked_fill(~mm, float("-inf")) if mm.dtype == torch.bool else scores + mm.float()
+                )
             probs = torch.softmax(scores, dim=-1).nan_to_num(0.0).mean(0)  # heads averaged: [r, T]
             total += bin_attention(probs, self.key_mask, self.n_bins).sum(0)
             masses.append((probs * self.key_mask).sum(-1))
@@ -441,7 +451,11 @@ def profile_models(
 
 
 def synthetic_corpora(
-    task: str = "passkey", lengths: Sequence[int] = (256, 512), n_docs: int = 20, n_queries: int = 20, seed: int = 0
+    task: str = "passkey",
+    lengths: Sequence[int] = (256, 512),
+    n_docs: int = 20,
+    n_queries: int = 20,
+    seed: int = 0,
 ) -> dict[int, RetrievalCorpus]:
     """The regenerated LongEmbed passkey / needle data (lmk.data.longembed), per length."""
     if task not in TASKS:
@@ -491,11 +505,15 @@ def evidence_position_sensitivity(
         if not doc_ids or not q_ids:
             raise ValueError(f"corpus {rc.name!r} at length {key} has no documents or no queries")
         pos = {d: i for i, d in enumerate(doc_ids)}
-        docs = model.encode(list(rc.corpus["text"]), side="passage", batch_size=batch_size, max_length=length_cap)
+        docs = model.encode(
+            list(rc.corpus["text"]), side="passage", batch_size=batch_size, max_length=length_cap
+        )
         queries = model.encode(list(rc.queries["text"]), side="query", batch_size=batch_size)
         sims = np.asarray(queries, dtype=np.float32) @ np.asarray(docs, dtype=np.float32).T
         cols = rc.queries.column_names
-        depth_by_doc = dict(zip(doc_ids, rc.corpus["depth"], strict=True)) if "depth" in rc.corpus.column_names else {}
+        depth_by_doc = (
+            dict(zip(doc_ids, rc.corpus["depth"], strict=True)) if "depth" in rc.corpus.column_names else {}
+        )
         for qi, qid in enumerate(q_ids):
             golds = [d for d, rel in rc.qrels.get(qid, {}).items() if rel > 0 and d in pos]
             if not golds:
@@ -508,7 +526,9 @@ def evidence_position_sensitivity(
             elif gold in depth_by_doc:
                 depth = float(depth_by_doc[gold])
             else:
-                raise ValueError(f"{rc.name!r} carries no 'depth' column (queries or corpus); use synthetic data")
+                raise ValueError(
+                    f"{rc.name!r} carries no 'depth' column (queries or corpus); use synthetic data"
+                )
             length = int(rc.queries[qi]["length"]) if "length" in cols else int(key)
             frames.append(
                 {
@@ -551,7 +571,9 @@ def depth_length_table(
         raise ValueError(f"unknown agg {agg!r}; allowed: mean, count")
     missing = {value, "depth", "length"} - set(per_query.columns)
     if missing:
-        raise ValueError(f"per_query lacks columns {sorted(missing)}; build it with evidence_position_sensitivity")
+        raise ValueError(
+            f"per_query lacks columns {sorted(missing)}; build it with evidence_position_sensitivity"
+        )
     labels = _bin_labels(n_depth_bins)
     df = per_query.assign(depth_bin=[labels[i] for i in depth_bins(per_query["depth"], n_depth_bins)])
     lengths = sorted(df["length"].unique())
@@ -633,7 +655,9 @@ def position_similarity(
             meta.append((d, c, start, len(piece), (start + len(piece) / 2) / n_vis))
     if not chunk_texts:
         raise ValueError("the documents have no words to chunk")
-    chunk_emb = np.asarray(model.encode(chunk_texts, side="passage", batch_size=batch_size, max_length=length))
+    chunk_emb = np.asarray(
+        model.encode(chunk_texts, side="passage", batch_size=batch_size, max_length=length)
+    )
     docs = np.array([m[0] for m in meta])
     cos = (chunk_emb * doc_emb[docs]).sum(-1)  # embeddings are L2-normalised
     df = pd.DataFrame(meta, columns=["doc", "chunk", "start_word", "n_words", "rel_pos"])
@@ -659,7 +683,10 @@ def similarity_curves(
     models: Mapping[str, EmbeddingModel], texts: Sequence[str], *, n_bins: int = 10, **kwargs: Any
 ) -> dict[str, pd.DataFrame]:
     """{model: position_curve(position_similarity(model, texts, ...))}."""
-    return {name: position_curve(position_similarity(m, texts, **kwargs), n_bins=n_bins) for name, m in models.items()}
+    return {
+        name: position_curve(position_similarity(m, texts, **kwargs), n_bins=n_bins)
+        for name, m in models.items()
+    }
 
 
 # --------------------------------------------------------------------------------------------------
@@ -679,7 +706,9 @@ def _load_cfg(conf: Path, group: str, name: str) -> Any:
     path = conf / group / f"{name}.yaml"
     if not path.is_file():
         avail = sorted(p.stem for p in (conf / group).glob("*.yaml"))
-        raise ValueError(f"unknown {group} {name!r}; allowed: {', '.join(avail) or '(none found in ' + str(conf) + ')'}")
+        raise ValueError(
+            f"unknown {group} {name!r}; allowed: {', '.join(avail) or '(none found in ' + str(conf) + ')'}"
+        )
     return OmegaConf.load(path)
 
 
@@ -691,13 +720,27 @@ def _run_label(run_dir: Path) -> str:
         enc = cfg.get("encoder", {}).get("name")
         pool = cfg.get("pooling", {})
         pname = pool.get("name")
-        if pname and pool.get("strategy") in ("fixed", "variable", "every_k", "multi_cls") and pool.get("chunk_size"):
+        if (
+            pname
+            and pool.get("strategy") in ("fixed", "variable", "every_k", "multi_cls")
+            and pool.get("chunk_size")
+        ):
             pname = f"{pname}-{pool['chunk_size']}"
         if enc and pname:
             return f"{enc}/{pname}"
     except (OSError, ValueError, AttributeError):
         pass
     return run_dir.name
+
+
+def _load_export(export: Path, device: str) -> EmbeddingModel:
+    from lmk.model import EmbeddingModel
+
+    if (export / "modules.json").is_file():  # a sentence-transformers export (lmk.export)
+        from lmk.export import load_exported
+
+        return load_exported(export, device=device).eval()
+    return EmbeddingModel.from_pretrained(export).to(device).eval()  # a save_pretrained folder
 
 
 def load_models(
@@ -721,7 +764,9 @@ def load_models(
     if results_dir is not None:
         root = Path(results_dir)
         if not root.is_dir():
-            raise ValueError(f"results_dir {str(root)!r} is not a folder; pass a Table 2 sweep folder or None")
+            raise ValueError(
+                f"results_dir {str(root)!r} is not a folder; pass a Table 2 sweep folder or None"
+            )
         runs = sorted(p.parent for p in root.rglob("results.json") if (p.parent / "export").is_dir())
         if not runs:
             raise ValueError(f"no run folder with export/ and results.json under {str(root)!r}")
@@ -729,7 +774,7 @@ def load_models(
             label = _run_label(run)
             if label in models:
                 label = f"{label} ({run.name})"
-            models[label] = EmbeddingModel.from_pretrained(run / "export").to(device).eval()
+            models[label] = _load_export(run / "export", device)
         return models
     if not encoders or not poolings:
         raise ValueError("encoders and poolings must be non-empty lists of config names")
@@ -805,7 +850,9 @@ def _draw_heatmap(ax: Any, table: pd.DataFrame, title: str, vmin: float | None, 
     ax.set_title(title, fontsize=9)
     for (i, j), v in np.ndenumerate(data):
         if np.isfinite(v):
-            ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=7, color="white" if v < 0.6 else "black")
+            ax.text(
+                j, i, f"{v:.2f}", ha="center", va="center", fontsize=7, color="white" if v < 0.6 else "black"
+            )
     return im
 
 
@@ -834,7 +881,9 @@ def plot_depth_length_heatmaps(
     return fig
 
 
-def plot_position_similarity(curves: Mapping[str, pd.DataFrame], title: str = "document vs chunk cosine") -> Figure:
+def plot_position_similarity(
+    curves: Mapping[str, pd.DataFrame], title: str = "document vs chunk cosine"
+) -> Figure:
     """Mean cosine (doc embedding vs chunk alone) against chunk position, one line per model (+/- std)."""
     if not curves:
         raise ValueError("curves is empty")

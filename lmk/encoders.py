@@ -140,13 +140,24 @@ def native_max_positions(model: PreTrainedModel) -> int | None:
 
 
 def set_checkpointing(model: PreTrainedModel, enabled: bool) -> None:
-    """Activation (gradient) checkpointing on/off; non-reentrant so it works with frozen inputs and autocast."""
+    """Activation (gradient) checkpointing on/off; non-reentrant so it works with frozen inputs and autocast.
+    transformers >= 5.x names it activation_checkpointing_*; older versions gradient_checkpointing_*."""
+    kwargs = {"use_reentrant": False}
     if enabled:
-        fn = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
-        fn(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if hasattr(model, "activation_checkpointing_enable"):
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    elif hasattr(model, "activation_checkpointing_disable"):
+        model.activation_checkpointing_disable()
     else:
-        fn = getattr(model, "activation_checkpointing_disable", None) or model.gradient_checkpointing_disable
-        fn()
+        model.gradient_checkpointing_disable()
+
+
+def is_checkpointing(model: PreTrainedModel) -> bool:
+    if hasattr(type(model), "is_activation_checkpointing"):
+        return bool(model.is_activation_checkpointing)
+    return bool(getattr(model, "is_gradient_checkpointing", False))
 
 
 def load_backbone(encoder_cfg: Any) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
@@ -157,9 +168,12 @@ def load_backbone(encoder_cfg: Any) -> tuple[PreTrainedModel, PreTrainedTokenize
         tok = load_tokenizer(cfg.tokenizer or path, cfg.max_positions, cfg)
         model = AutoModel.from_pretrained(path, **_model_kwargs(cfg))
     elif cfg.source == "hub":
-        tok = load_tokenizer(cfg.tokenizer or cfg.model_id, cfg.max_positions, cfg)
+        mid = os.path.expanduser(cfg.model_id)
+        if mid.startswith(("/", ".", "~")) and not os.path.isdir(mid):
+            raise ValueError(f"encoder {cfg.name!r}: model_id {cfg.model_id!r} looks like a local path but is not a folder")
+        tok = load_tokenizer(cfg.tokenizer or mid, cfg.max_positions, cfg)
         try:
-            model = AutoModel.from_pretrained(cfg.model_id, revision=cfg.revision, **_model_kwargs(cfg))
+            model = AutoModel.from_pretrained(mid, revision=cfg.revision, **_model_kwargs(cfg))
         except OSError as e:
             raise _hub_error(cfg.name, "model", cfg.model_id, e) from e
     else:

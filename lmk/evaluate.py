@@ -23,11 +23,10 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from lmk.eval.config import EvalConfig
-from lmk.results import Timer, config_hash, git_commit, update_results
+from lmk.results import Timer, config_hash_of, git_commit, update_results
 
 log = logging.getLogger(__name__)
 
-_HASH_IGNORE = ("logger", "cache_dir", "hydra")
 
 
 def _load_from_checkpoint(ckpt: Path, run_dir: Path) -> Any:
@@ -100,6 +99,17 @@ def _pooling_overridden() -> bool:
     return any(o.lstrip("+~").split("=", 1)[0].split(".", 1)[0] == "pooling" for o in overrides)
 
 
+def validate_config(cfg: DictConfig) -> None:
+    """Check an evaluate config without loading anything (the row sweeper calls this per job)."""
+    from lmk.model_config import EncoderConfig, PoolingConfig
+
+    EvalConfig.from_cfg(cfg.eval)
+    if cfg.get("encoder") is not None:
+        EncoderConfig.coerce(cfg.encoder)
+    if cfg.get("pooling") is not None:
+        PoolingConfig.coerce(cfg.pooling)
+
+
 def run(cfg: DictConfig, run_dir: str | os.PathLike | None = None, cross_pooling: bool | None = None) -> dict[str, Any]:
     """Evaluate per `cfg` (the composed evaluate config); returns the eval section written to results.json."""
     eval_cfg = EvalConfig.from_cfg(cfg.eval)  # bad values fail here, before loading anything
@@ -115,7 +125,7 @@ def run(cfg: DictConfig, run_dir: str | os.PathLike | None = None, cross_pooling
     loggers = None
     exit_code = 1
     update_results(run_dir, status="running", command="evaluate", config=resolved,
-                   config_hash=config_hash(resolved, ignore=_HASH_IGNORE), git_commit=git_commit())
+                   config_hash=config_hash_of(cfg), git_commit=git_commit())
     try:
         from lmk.eval.runner import run_suite
         from lmk.eval.suites import build_tasks

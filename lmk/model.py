@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from transformers import AutoModel, AutoTokenizer, PreTrainedModel
 
-from lmk.encoders import load_backbone, set_checkpointing
+from lmk.encoders import is_checkpointing, load_backbone, set_checkpointing
 from lmk.model_config import EncoderConfig, PoolingConfig
 from lmk.pooling import build_pooler
 from lmk.tokenization import LandmarkTokenizer
@@ -155,7 +155,7 @@ class EmbeddingModel(torch.nn.Module):
 
     @property
     def gradient_checkpointing(self) -> bool:
-        return bool(getattr(self.backbone, "is_gradient_checkpointing", False))
+        return is_checkpointing(self.backbone)
 
     # ----------------------------------------------------------------------------- tokenization
     def _max_length(self, side: str, max_length: int | None) -> int:

@@ -137,6 +137,10 @@ class PoolingConfig(_Coercible):
             raise ValueError(f"{n}.name must be a non-empty string (it is the table row id)")
         _check_choice(n, "strategy", self.strategy, STRATEGIES)
         _check_choice(n, "pooler", self.pooler, sorted(POOLERS))
+        if self.pooler == "lmk" and self.strategy == "none":
+            # strategy none marks no pooled position: lmk would silently fall back to mean pooling
+            allowed = ", ".join(s for s in STRATEGIES if s != "none")
+            raise ValueError(f"{n}: pooler=lmk needs a strategy that marks pooled positions; allowed: {allowed}")
         if not isinstance(self.chunk_size, int) or isinstance(self.chunk_size, bool) or self.chunk_size < 1:
             raise ValueError(f"{n}.chunk_size={self.chunk_size!r} must be a positive int (e.g. 32, 64, 128)")
         if not self.train_chunk_sizes or not all(

@@ -99,7 +99,9 @@ class _Section:
 
 # Keys that say where or how a run is stored/logged, not what it computes: two runs that differ only
 # in these produce the same numbers, so they share a config hash.
-HASH_IGNORED_KEYS = ("hydra", "run_dir", "ckpt_path", "logger", "launcher", "paths")
+HASH_IGNORED_KEYS = ("hydra", "run_dir", "ckpt_path", "logger", "launcher", "paths", "cache_dir")
+# The status a finished run records; the sweeper skips rows whose results say this.
+STATUS_DONE = "done"
 
 
 def config_hash_of(cfg: Any, ignore: tuple[str, ...] = HASH_IGNORED_KEYS) -> str:

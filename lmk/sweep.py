@@ -28,6 +28,9 @@ import yaml
 
 from lmk.table_spec import Row, Scale, TableSpec, load_spec, validate_spec
 
+# Each entry point's structured-config check, run on every job before the sweep launches.
+VALIDATORS = {"lmk.train": "lmk.config.validate", "lmk.evaluate": "lmk.evaluate.validate_config"}
+
 
 def sweep_command(entry: str, overrides: list[str], rows: list[Row], folder: Path, scale: Scale,
                   group: str, force: bool, dry_run: bool) -> list[str]:
@@ -37,7 +40,7 @@ def sweep_command(entry: str, overrides: list[str], rows: list[Row], folder: Pat
     rows_file.write_text(yaml.safe_dump({r.id: list(r.overrides) for r in rows}, sort_keys=False))
     cmd = [sys.executable, "-m", entry, "-m", *overrides,
            "hydra/sweeper=rows", f"hydra.sweeper.rows_file={rows_file}", f"hydra.sweep.dir={folder}",
-           f"logger.group={group}"]
+           f"++logger.group={group}", f"hydra.sweeper.validate={VALIDATORS[entry]}"]
     if scale.launcher and scale.launcher != "local":
         cmd.append(f"launcher={scale.launcher}")
     else:

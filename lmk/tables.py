@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lmk.results import read_results
+from lmk.results import STATUS_DONE, read_results
 from lmk.table_spec import Column, Row, TableSpec, load_spec
 
 log = logging.getLogger(__name__)
@@ -104,7 +104,7 @@ def collect_runs(folder: Path) -> dict[str, RunRecord]:
                     f"row {row!r} has results with two config hashes: {other.run_dir / 'results.json'} "
                     f"({other.config_hash}) and {path} ({rec.config_hash}); move one away or rerun with FORCE=1"
                 )
-            if other.status == "completed" and rec.status != "completed":
+            if other.status == STATUS_DONE and rec.status != STATUS_DONE:
                 continue
         records[row] = rec
     return records
@@ -126,7 +126,7 @@ def fetch_wandb_runs(project: str, group: str, entity: str | None = None) -> dic
                   if k.startswith(prefix) and isinstance(v, (int, float))}
         records[row] = RunRecord(row=row, run_dir=Path(run.url), config_hash=run.config.get("config_hash"),
                                  git_commit=(run.commit if hasattr(run, "commit") else None),
-                                 status="completed" if run.state == "finished" else run.state, groups=groups)
+                                 status=STATUS_DONE if run.state == "finished" else run.state, groups=groups)
     return records
 
 
@@ -177,11 +177,11 @@ def build_table(spec: TableSpec, scale_name: str, runs: dict[str, dict[str, RunR
             rec = records.get(row.id)
             cells: dict[str, Cell] = {}
             for col in scale.columns:
-                if rec is None or rec.status != "completed":
+                if rec is None or rec.status != STATUS_DONE:
                     cells[col.group] = Cell(None, run_dir=str(rec.run_dir) if rec else None)
                     continue
                 cell = Cell(rec.groups.get(col.group), str(rec.run_dir), rec.git_commit, rec.config_hash)
-                if base is not None and row.id != spec.baseline and base.status == "completed":
+                if base is not None and row.id != spec.baseline and base.status == STATUS_DONE:
                     p = paired_p_value(_per_query_vector(rec, col.group), _per_query_vector(base, col.group))
                     cell.p_value = p
                     cell.significant = p is not None and p < spec.alpha

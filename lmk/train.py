@@ -19,12 +19,11 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from lmk.config import RootConfig, to_container, validate
-from lmk.results import Timer, config_hash, git_commit, update_results
+from lmk.results import Timer, config_hash_of, git_commit, update_results
 
 log = logging.getLogger(__name__)
 
 # Keys that do not change what a run computes (excluded from the config hash).
-_HASH_IGNORE = ("run_dir", "ckpt_path", "logger", "launcher")
 
 
 def _is_rank_zero() -> bool:
@@ -131,7 +130,7 @@ def run(cfg: DictConfig) -> float | None:
     try:
         if rank_zero:
             update_results(run_dir, status="running", config=resolved,
-                           config_hash=config_hash(resolved, ignore=_HASH_IGNORE), git_commit=git_commit())
+                           config_hash=config_hash_of(cfg), git_commit=git_commit())
         with timer.section("setup"):
             import lightning.pytorch as pl
 

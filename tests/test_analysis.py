@@ -25,6 +25,7 @@ def _one_thread():
     yield
     torch.set_num_threads(before)
 
+
 # --------------------------------------------------------------------------------------------- binning
 
 
@@ -142,17 +143,33 @@ def test_recorder_known_answers():
 
 def _tiny_modernbert(local_attention=16):
     cfg = ModernBertConfig(
-        vocab_size=200, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
-        local_attention=local_attention, global_attn_every_n_layers=3, max_position_embeddings=512,
-        pad_token_id=0, cls_token_id=1, sep_token_id=2, bos_token_id=1, eos_token_id=2,
+        vocab_size=200,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        local_attention=local_attention,
+        global_attn_every_n_layers=3,
+        max_position_embeddings=512,
+        pad_token_id=0,
+        cls_token_id=1,
+        sep_token_id=2,
+        bos_token_id=1,
+        eos_token_id=2,
     )
     torch.manual_seed(0)
     return ModernBertModel._from_config(cfg, attn_implementation="sdpa").eval()
 
 
 def _tiny_bert():
-    cfg = BertConfig(vocab_size=200, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                     num_attention_heads=4, max_position_embeddings=512)
+    cfg = BertConfig(
+        vocab_size=200,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        max_position_embeddings=512,
+    )
     torch.manual_seed(0)
     return BertModel._from_config(cfg, attn_implementation="sdpa").eval()
 
@@ -185,7 +202,9 @@ def test_probe_matches_eager_attentions_and_leaves_the_model_alone(make):
     with torch.no_grad():
         out = model(**feats, output_attentions=True)
     model.config._attn_implementation = "sdpa"
-    truth = np.stack([an.bin_attention(a[0].mean(0)[rows[0]], None, 10).mean(0).numpy() for a in out.attentions])
+    truth = np.stack(
+        [an.bin_attention(a[0].mean(0)[rows[0]], None, 10).mean(0).numpy() for a in out.attentions]
+    )
     assert mass.shape == truth.shape == (model.config.num_hidden_layers, 10)
     np.testing.assert_allclose(mass, truth, atol=1e-5)
     np.testing.assert_allclose(mass.sum(1), 1.0, atol=1e-5)
@@ -237,8 +256,12 @@ LONG = " ".join(
 
 def test_load_models_shares_one_backbone_per_encoder(models):
     assert list(models) == [
-        "tiny-modernbert/cls", "tiny-modernbert/mean", "tiny-modernbert/lmk-fixed",
-        "minilm-l6/cls", "minilm-l6/mean", "minilm-l6/lmk-fixed",
+        "tiny-modernbert/cls",
+        "tiny-modernbert/mean",
+        "tiny-modernbert/lmk-fixed",
+        "minilm-l6/cls",
+        "minilm-l6/mean",
+        "minilm-l6/lmk-fixed",
     ]
     assert models["tiny-modernbert/cls"].backbone is models["tiny-modernbert/lmk-fixed"].backbone
     assert models["minilm-l6/cls"].backbone is not models["tiny-modernbert/cls"].backbone
@@ -252,8 +275,16 @@ def test_load_models_bad_names():
         an.load_models(results_dir="/nonexistent/sweep")
 
 
-@pytest.mark.parametrize("name", ["tiny-modernbert/cls", "tiny-modernbert/mean", "tiny-modernbert/lmk-fixed",
-                                  "minilm-l6/cls", "minilm-l6/lmk-fixed"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "tiny-modernbert/cls",
+        "tiny-modernbert/mean",
+        "tiny-modernbert/lmk-fixed",
+        "minilm-l6/cls",
+        "minilm-l6/lmk-fixed",
+    ],
+)
 def test_attention_profile_on_real_models(models, name):
     model = models[name]
     n_layers = model.backbone.config.num_hidden_layers
@@ -376,7 +407,9 @@ def _profile(n_layers=3, n_bins=5, label="m"):
 def test_plots_return_figures_and_save(tmp_path):
     fig = an.plot_attention_profile(_profile())
     assert isinstance(fig, Figure) and len(fig.axes[0].lines) == 3 + 2  # layers + mean + uniform
-    grid = an.plot_attention_profiles({"a": _profile(), "b": _profile(2), "c": _profile(), "d": _profile()}, ncols=3)
+    grid = an.plot_attention_profiles(
+        {"a": _profile(), "b": _profile(2), "c": _profile(), "d": _profile()}, ncols=3
+    )
     assert sum(ax.get_visible() for ax in grid.axes if ax.get_label() != "<colorbar>") == 4
     table = pd.DataFrame([[1.0, 0.5], [np.nan, 0.0]], index=["0.00-0.50", "0.50-1.00"], columns=[256, 512])
     heat = an.plot_depth_length_heatmap(table)
@@ -390,3 +423,26 @@ def test_plots_return_figures_and_save(tmp_path):
     assert path.name == "a_b_c.png" and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(ValueError, match="empty"):
         an.plot_position_similarity({})
+
+
+def test_load_models_from_a_sweep_folder(models, tmp_path):
+    import json
+
+    from lmk.export import export_sentence_transformers
+
+    src = models["tiny-modernbert/lmk-fixed"]
+    run = tmp_path / "sweep" / "lmk-fixed-32"
+    export_sentence_transformers(src, run / "export")
+    cfg = {
+        "encoder": {"name": "tiny-modernbert"},
+        "pooling": {"name": "lmk-fixed", "strategy": "fixed", "chunk_size": 32},
+    }
+    (run / "results.json").write_text(json.dumps({"status": "done", "config": cfg}))
+    (tmp_path / "sweep" / "unfinished").mkdir()  # no export/: skipped
+    loaded = an.load_models(results_dir=tmp_path / "sweep")
+    assert list(loaded) == ["tiny-modernbert/lmk-fixed-32"]
+    m = loaded["tiny-modernbert/lmk-fixed-32"]
+    assert an.pooling_kind(m) == "lmk"
+    np.testing.assert_allclose(m.encode([LONG], max_length=64), src.encode([LONG], max_length=64), atol=1e-5)
+    with pytest.raises(ValueError, match="no run folder"):
+        an.load_models(results_dir=tmp_path / "sweep" / "unfinished")

@@ -43,14 +43,14 @@ def _check_protocol(tasks):
 
 def test_passkey_protocol(passkey):
     _check_protocol(passkey)
-    for length, c in passkey.items():
+    for c in passkey.values():
         names = []
         texts = dict(zip(c.corpus["id"], c.corpus["text"], strict=True))
         for text in c.corpus["text"]:
-            m = re.findall(r"(\w[\w' .-]*?)'s pass key is (\d+)\. Remember it\. (\d+) is the pass key for ([^.]+)\.", text)
+            # names are "First Last" (Faker first_name + last_name): \S+ keeps the regex linear
+            m = re.findall(r"(\S+ \S+)'s pass key is (\d+)\. Remember it\. (\d+) is the pass key for (\S+ \S+)\.", text)
             assert len(m) == 1, text[:200]  # the line is inserted exactly once
             name, k1, k2, name2 = m[0]
-            name = name.split(". ")[-1]
             assert name == name2 and k1 == k2 and len(k1) == 5
             names.append(name)
             rest = text.replace(f"{name}'s pass key is {k1}. Remember it. {k1} is the pass key for {name}.", "")

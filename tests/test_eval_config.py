@@ -71,7 +71,7 @@ def test_hub_task_filters_are_applied_without_data() -> None:
         ({"lengths": [300]}, "allowed lengths"),
         ({"every_n_steps": 0}, "eval.every_n_steps"),
         ({"overwrite": "sometimes"}, "only-missing"),
-        ({"tasks": ["LocalShort"], "groups": {"g": ["LocalPasskey"]}}, "eval.groups.g"),
+        ({"tasks": ["LocalShort"], "groups": {"g": ["LocalShort", "LocalPasskey"]}}, "eval.groups.g"),
         ({"n_docs": 5, "n_queries": 10}, "eval.n_queries"),
         ({"tasks": ["LocalShort"], "task_options": {"LocalShort": {"splits": ["x"]}}}, "unknown keys"),
         ({"bogus": 1}, "unknown keys ['bogus']"),
@@ -110,3 +110,8 @@ def test_hub_task_offline_fails_fast_naming_the_offline_suite(monkeypatch: pytes
 def test_none_suite_gives_no_callback(tmp_path: Path) -> None:
     assert build_eval_callback(OmegaConf.load(CONF / "none.yaml"), tmp_path) is None
     assert build_eval_callback(load("local"), tmp_path) is not None
+
+
+def test_task_subset_drops_groups_without_tasks() -> None:
+    cfg = EvalConfig(tasks=["LocalShort"], groups={"short": ["LocalShort"], "long": ["LocalPasskey", "LocalNeedle"]})
+    assert cfg.groups == {"short": ["LocalShort"]}

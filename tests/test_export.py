@@ -72,3 +72,15 @@ def test_export_max_seq_length_and_landmarks(tmp_path):
     # a user can lengthen it like any sentence-transformers model (clamped to the 512 positions)
     st.max_seq_length = 4096
     assert st.preprocess(["word " * 1000])["input_ids"].shape[1] == 512
+
+
+def test_export_trainable_pooler(tmp_path):
+    enc = OmegaConf.load(CONF / "encoder" / "tiny-modernbert.yaml")
+    latent = {"name": "latent", "strategy": "none", "pooler": "latent_attention",
+              "pooler_kwargs": {"num_latents": 4, "num_heads": 2}}
+    m = EmbeddingModel.build(enc, latent, passage_max_length=32)
+    path = export_sentence_transformers(m, tmp_path / "st")
+    assert (path / "1_LandmarkPooling" / "model.safetensors").is_file()
+    st = SentenceTransformer(str(path), trust_remote_code=True, device="cpu")
+    np.testing.assert_allclose(st.encode(TEXTS), m.encode(TEXTS), atol=1e-5)
+    np.testing.assert_allclose(load_exported(path).encode(TEXTS), m.encode(TEXTS), atol=1e-6)

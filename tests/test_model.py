@@ -98,6 +98,7 @@ def test_encoder_config_errors(kwargs, match):
         ({"pooler": "max"}, "allowed values: .*cls.*lmk"),
         ({"chunk_size": 0}, "chunk_size"),
         ({"train_chunk_sizes": []}, "train_chunk_sizes"),
+        ({"strategy": "none", "pooler": "lmk"}, "pooler=lmk needs a strategy.*fixed, variable"),
     ],
 )
 def test_pooling_config_errors(kwargs, match):
@@ -340,3 +341,35 @@ def test_fingerprint_tracks_weights_and_config(minilm):
 def test_from_pretrained_wrong_folder(tmp_path):
     with pytest.raises(FileNotFoundError, match="save_pretrained"):
         EmbeddingModel.from_pretrained(tmp_path)
+
+
+def test_hub_source_with_local_path(minilm_path):
+    """The hub code path (AutoModel.from_pretrained of model_id) on a local folder, offline."""
+    model, tok = load_backbone({"name": "local-minilm", "source": "hub", "model_id": minilm_path})
+    assert model.config.hidden_size == 384 and tok.model_max_length == 512
+    with pytest.raises(ValueError, match="not a folder"):
+        load_backbone({"name": "x", "source": "hub", "model_id": "/no/such/folder"})
+
+
+def test_hydra_instantiate_gives_validated_dataclass():
+    from hydra.utils import instantiate
+
+    enc = instantiate(enc_cfg("tiny-modernbert"))
+    assert isinstance(enc, EncoderConfig) and enc.config_overrides["hidden_size"] == 256
+    assert isinstance(enc.config_overrides, dict)
+    pool = instantiate(pool_cfg("lmk-variable"))
+    assert isinstance(pool, PoolingConfig) and pool.train_chunk_sizes == [32, 64, 128, 256]
+    with pytest.raises(Exception, match="allowed values"):
+        instantiate(pool_cfg("lmk-variable", strategy="chunky"))
+
+
+def test_trainable_pooler_save_load(tmp_path):
+    latent = {"name": "latent", "strategy": "none", "pooler": "latent_attention",
+              "pooler_kwargs": {"num_latents": 4, "num_heads": 2}}
+    m = EmbeddingModel.build(enc_cfg("tiny-modernbert"), latent, passage_max_length=32)
+    assert (m.name, m.pooler.num_latents) == ("tiny-modernbert__latent", 4)
+    m.save_pretrained(tmp_path / "m")
+    assert (tmp_path / "m" / "pooler.safetensors").is_file()
+    r = EmbeddingModel.from_pretrained(tmp_path / "m")
+    assert torch.equal(r.pooler.latents, m.pooler.latents)
+    assert np.array_equal(r.encode(TEXTS), m.encode(TEXTS))

@@ -28,7 +28,7 @@ SPEC = {
 
 
 def write_run(folder: Path, row: str, groups: dict[str, float], per_query: dict | None = None,
-              config_hash: str = "h", status: str = "completed") -> Path:
+              config_hash: str = "h", status: str = "done") -> Path:
     ev = {"suite": "x", "groups": groups, "group_tasks": {"short-a": ["TaskA"], "long-b": ["TaskB"]}}
     if per_query is not None:
         (folder).mkdir(parents=True, exist_ok=True)

@@ -66,6 +66,7 @@ def pairs(tmp_path: Path) -> Path:
     return write_pairs(tmp_path / "pairs.jsonl")
 
 
+@pytest.mark.slow  # about a minute on the shared 2-core box (a subprocess imports torch and trains)
 def test_cli_end_to_end_with_wandb_offline(tmp_path, pairs):
     run_dir = tmp_path / "run"
     proc = cli(run_dir, pairs, "encoder=tiny-modernbert", "pooling=lmk-variable", "trainer=cpu", "logger=wandb")

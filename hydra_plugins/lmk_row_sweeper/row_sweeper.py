@@ -7,16 +7,17 @@ laptop and on a cluster. It also makes the sweep resumable: a row whose job fold
 completed `results.json` with the same config hash is skipped (`force=true` reruns everything), and
 a failed job is recorded while the other rows go on.
 """
-
-from __future__ import annotations
+# No `from __future__ import annotations` here: Hydra imports plugin modules outside sys.modules and
+# dataclasses then cannot resolve string annotations.
 
 import json
 import logging
 import shlex
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Dict, List, Optional  # noqa: UP035 (OmegaConf needs typing generics)
 
 from hydra.core.config_store import ConfigStore
 from hydra.core.utils import JobReturn, JobStatus
@@ -32,12 +33,15 @@ log = logging.getLogger(__name__)
 class RowSweeperConf:
     _target_: str = "hydra_plugins.lmk_row_sweeper.row_sweeper.RowSweeper"
     # row id -> list of overrides; or a YAML file with that mapping (written by `lmk.sweep`).
-    rows: dict[str, list[str]] = field(default_factory=dict)
-    rows_file: str | None = None
+    rows: Dict[str, List[str]] = field(default_factory=dict)  # noqa: UP006
+    rows_file: Optional[str] = None  # noqa: UP045
     force: bool = False
     dry_run: bool = False
     # None: launch all pending rows at once (a cluster runs them in parallel); 1: one at a time.
-    max_batch_size: int | None = None
+    max_batch_size: Optional[int] = None  # noqa: UP045
+    # Dotted path of a function called with each job's config before anything launches (e.g.
+    # lmk.config.validate): a bad row fails the whole sweep in seconds, not after the first row.
+    validate: Optional[str] = None  # noqa: UP045
 
 
 ConfigStore.instance().store(group="hydra/sweeper", name="rows", node=RowSweeperConf, provider="lmk")
@@ -56,6 +60,14 @@ def load_rows(rows: dict[str, list[str]] | None, rows_file: str | None) -> dict[
     return merged
 
 
+def _entry_point() -> list[str]:
+    """How this program was started (`python -m lmk.train`), for the printed per-job commands."""
+    argv = list(getattr(sys, "orig_argv", sys.argv))
+    if len(argv) >= 3 and argv[1] == "-m":
+        return ["python", "-m", argv[2]]
+    return ["python", sys.argv[0]]
+
+
 class RowSweeper(Sweeper):
     def __init__(
         self,
@@ -64,10 +76,12 @@ class RowSweeper(Sweeper):
         force: bool = False,
         dry_run: bool = False,
         max_batch_size: int | None = None,
+        validate: str | None = None,
     ) -> None:
         super().__init__()
         self.rows = load_rows(dict(rows or {}), rows_file)
         self.force, self.dry_run, self.max_batch_size = force, dry_run, max_batch_size
+        self.validate = validate
         self.config: DictConfig | None = None
         self.launcher: Launcher | None = None
         self.hydra_context: HydraContext | None = None
@@ -83,7 +97,7 @@ class RowSweeper(Sweeper):
     # -- planning -------------------------------------------------------------------------------
     def plan(self, arguments: list[str]) -> list[dict[str, Any]]:
         """Every row's job: overrides, folder, config hash and whether it is already done."""
-        from lmk.results import config_hash_of, read_results
+        from lmk.results import STATUS_DONE, config_hash_of, read_results
 
         assert self.config is not None and self.hydra_context is not None
         for arg in arguments:
@@ -94,6 +108,11 @@ class RowSweeper(Sweeper):
                     "put each variant in its own row"
                 )
         sweep_dir = Path(self.config.hydra.sweep.dir)
+        check = None
+        if self.validate:
+            from hydra.utils import get_method
+
+            check = get_method(self.validate)
         jobs = []
         for row, row_overrides in self.rows.items():
             overrides = [*arguments, *row_overrides, f"++row={row}", f"hydra.sweep.subdir={row}"]
@@ -101,11 +120,13 @@ class RowSweeper(Sweeper):
                 master_config=self.config, sweep_overrides=list(overrides)
             )
             digest = config_hash_of(job_cfg)
+            if check is not None:
+                self._check_job(check, job_cfg, sweep_dir / row, row, row_overrides)
             job_dir = sweep_dir / row
             previous = read_results(job_dir)
             done = (
                 not self.force
-                and previous.get("status") == "completed"
+                and previous.get("status") == STATUS_DONE
                 and previous.get("config_hash") == digest
             )
             if previous and previous.get("config_hash") not in (None, digest) and not self.force:
@@ -114,6 +135,25 @@ class RowSweeper(Sweeper):
             jobs.append({"row": row, "overrides": overrides, "job_dir": str(job_dir),
                          "config_hash": digest, "skip": done})
         return jobs
+
+    def _check_job(self, check: Any, job_cfg: DictConfig, job_dir: Path, row: str, row_overrides: list[str]) -> None:
+        """Run `check` on the job's config as the job would see it (Hydra runtime set to its folder)."""
+        from hydra.core.hydra_config import HydraConfig
+        from omegaconf import open_dict
+
+        with open_dict(job_cfg):
+            job_cfg.hydra.runtime.output_dir = str(job_dir)
+            job_cfg.hydra.job.num = 0
+        previous = HydraConfig.instance().cfg
+        HydraConfig.instance().set_config(job_cfg)
+        try:
+            task_cfg = OmegaConf.masked_copy(job_cfg, [k for k in job_cfg if k != "hydra"])
+            check(task_cfg)
+        except Exception as exc:
+            raise ValueError(f"row {row!r} ({' '.join(row_overrides)}): {exc}") from exc
+        finally:
+            if previous is not None:
+                HydraConfig.instance().cfg = previous
 
     # -- sweeping -------------------------------------------------------------------------------
     def sweep(self, arguments: list[str]) -> list[JobReturn]:
@@ -124,9 +164,9 @@ class RowSweeper(Sweeper):
         sweep_dir.mkdir(parents=True, exist_ok=True)
         jobs = self.plan(list(arguments))
         launcher_cfg = OmegaConf.to_container(self.config.hydra.launcher, resolve=True)
+        entry = _entry_point()
         plan = {"sweep_dir": str(sweep_dir), "launcher": launcher_cfg, "jobs": jobs,
-                "command": [shlex.join(["python", "-m", self.config.hydra.job.name, *j["overrides"]])
-                            for j in jobs]}
+                "command": [shlex.join([*entry, *j["overrides"]]) for j in jobs]}
         with open(sweep_dir / "jobs.json", "w") as fh:
             json.dump(plan, fh, indent=2, default=str)
         pending = [j for j in jobs if not j["skip"]]

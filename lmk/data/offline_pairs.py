@@ -350,15 +350,24 @@ def load_offline_pairs(
 
 
 def offline_short_corpus(
-    n_queries: int = 200, seed: int = 0, cache_dir: str | os.PathLike | None = None, max_rows: int | None = None
+    n_queries: int = 200, seed: int = 0, cache_dir: str | os.PathLike | None = None, max_rows: int | None = None,
+    n_docs: int | None = None,
 ) -> RetrievalCorpus:
-    """Held-out short retrieval task: test-split summaries -> their docstring bodies (all test bodies
-    are candidates). Never overlaps the training split."""
+    """Held-out short retrieval task: test-split summaries -> their docstring bodies. Never overlaps the
+    training split. Candidates: all test bodies, or (`n_docs`) the queries' own documents plus seeded
+    distractors up to `n_docs` (a CPU-sized corpus)."""
     ds = load_offline_pairs("test", max_rows=max_rows, cache_dir=cache_dir)
     if ds.num_rows == 0:
         raise ValueError("the offline test split is empty; build with more rows (max_rows=None)")
-    corpus = [{"id": f"doc{i}", "text": r["pos"][0], "source": r["source"]} for i, r in enumerate(ds)]
-    pick = sorted(np.random.default_rng(seed).choice(ds.num_rows, size=min(n_queries, ds.num_rows), replace=False))
+    rng = np.random.default_rng(seed)
+    pick = sorted(rng.choice(ds.num_rows, size=min(n_queries, ds.num_rows), replace=False))
+    keep = set(int(i) for i in pick)
+    if n_docs is not None and n_docs > len(keep):
+        rest = np.array(sorted(set(range(ds.num_rows)) - keep))
+        keep |= {int(i) for i in rng.choice(rest, size=min(n_docs - len(keep), len(rest)), replace=False)}
+    elif n_docs is None:
+        keep = set(range(ds.num_rows))
+    corpus = [{"id": f"doc{i}", "text": r["pos"][0], "source": r["source"]} for i, r in enumerate(ds) if i in keep]
     queries = [{"id": f"q{i}", "text": ds[int(i)]["query"]} for i in pick]
     qrels = {f"q{i}": {f"doc{i}": 1} for i in pick}
     return RetrievalCorpus.from_records("LocalShort", "test", corpus, queries, qrels)

@@ -46,6 +46,7 @@ class EvalConfig:
     n_queries: int = 50
     longdoc_n_docs: int = 100
     short_n_queries: int = 200
+    short_n_docs: int | None = None  # None: every held-out docstring is a candidate
     seed: int = 0
     # Folder of the mteb ResultCache; None = <run dir>/mteb_cache.
     cache_dir: str | None = None
@@ -65,6 +66,10 @@ class EvalConfig:
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise EvalConfigError(f"eval.{key}={value!r}: must be a positive integer")
+        if self.short_n_docs is not None and (isinstance(self.short_n_docs, bool) or not isinstance(
+                self.short_n_docs, int) or self.short_n_docs < self.short_n_queries):
+            raise EvalConfigError(f"eval.short_n_docs={self.short_n_docs!r}: must be null or an integer "
+                                  f">= eval.short_n_queries ({self.short_n_queries})")
         if self.every_n_steps is not None and (
             isinstance(self.every_n_steps, bool) or not isinstance(self.every_n_steps, int)
             or self.every_n_steps < 1
@@ -86,6 +91,9 @@ class EvalConfig:
             raise EvalConfigError(f"eval.tasks={self.tasks!r}: a task is listed twice")
         if self.overwrite not in OVERWRITE_STRATEGIES:
             raise EvalConfigError(f"eval.overwrite={self.overwrite!r}: allowed {list(OVERWRITE_STRATEGIES)}")
+        # `eval.tasks=[...]` on the command line runs a subset of a suite: groups with none of their tasks
+        # left are dropped; a group with only some of them would average the wrong thing, so it fails.
+        self.groups = {g: m for g, m in self.groups.items() if not m or any(t in self.tasks for t in m)}
         for group, members in self.groups.items():
             missing = [t for t in members if t not in self.tasks]
             if missing or not members:

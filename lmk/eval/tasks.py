@@ -208,7 +208,8 @@ def build_local_task(name: str, cfg: EvalConfig) -> _InMemoryRetrieval:
     else:
         from lmk.data import offline_pairs
 
-        corpora = {"test": offline_pairs.offline_short_corpus(n_queries=cfg.short_n_queries, seed=cfg.seed)}
+        corpora = {"test": offline_pairs.offline_short_corpus(n_queries=cfg.short_n_queries, seed=cfg.seed,
+                                                              n_docs=cfg.short_n_docs)}
     task = LOCAL_TASK_CLASSES[name](corpora)
     logger.info("built local task %s: splits %s", name, task.split_fingerprints)
     return task

