@@ -12,8 +12,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from lmk.pooling import POOLERS
-from lmk.tokenization import STRATEGIES
+from lmk.names import POOLER_NAMES as POOLERS
+from lmk.names import STRATEGIES
 
 ENCODER_SOURCES = ("hub", "package", "random")
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2")

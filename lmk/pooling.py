@@ -21,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from lmk.names import POOLER_NAMES
+
 
 def _masked_mean(x: Tensor, weights: Tensor) -> Tensor:
     """Mean of x [B, T, H] over T with 0/1 weights [B, T], in float32; an all-zero row gives zeros."""
@@ -169,6 +171,11 @@ POOLERS: dict[str, type[Pooler]] = {
 }
 # poolers whose constructor needs the backbone's hidden size
 NEEDS_HIDDEN_SIZE = frozenset({LatentAttentionPooling.name})
+
+
+# The torch-free name list (config validation) must name exactly these poolers.
+if tuple(POOLERS) != POOLER_NAMES:
+    raise RuntimeError(f"lmk.names.POOLER_NAMES {POOLER_NAMES} is out of date: registry has {tuple(POOLERS)}")
 
 
 def build_pooler(name: str, hidden_size: int | None = None, **kwargs: Any) -> Pooler:

@@ -96,7 +96,8 @@ def collect_runs(folder: Path) -> dict[str, RunRecord]:
         rec = RunRecord(row=row, run_dir=path.parent, config_hash=results.get("config_hash"),
                         git_commit=results.get("git_commit"), status=results.get("status", "unknown"),
                         groups={k: float(v) for k, v in (ev.get("groups") or {}).items() if v is not None},
-                        per_query=per_query, group_tasks=ev.get("group_tasks") or {})
+                        per_query=per_query,
+                        group_tasks=ev.get("group_tasks") or ((results.get("config") or {}).get("eval") or {}).get("groups") or {})
         if row in records:
             other = records[row]
             if other.config_hash != rec.config_hash:
@@ -175,6 +176,8 @@ def build_table(spec: TableSpec, scale_name: str, runs: dict[str, dict[str, RunR
         table_rows: dict[str, dict[str, Cell]] = {}
         for row in rows:
             rec = records.get(row.id)
+            if rec is None and block != BLOCKS[0]:
+                continue  # a secondary block (zero-shot) runs a subset of rows; the main block shows gaps
             cells: dict[str, Cell] = {}
             for col in scale.columns:
                 if rec is None or rec.status != STATUS_DONE:

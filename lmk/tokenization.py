@@ -23,9 +23,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from lmk.names import STRATEGIES  # noqa: E402 - one list of names, shared with the torch-free config checks
 from lmk.sentences import DEFAULT_LANGUAGE, split_sentences
 
-STRATEGIES = ("none", "fixed", "variable", "sentence", "every_k", "multi_cls")
 # strategies whose pooled positions are inserted landmarks (>= 1 must survive truncation)
 _LANDMARK_STRATEGIES = ("fixed", "variable", "sentence")
 _CONFIG_KEYS = ("strategy", "chunk_size", "train_chunk_sizes", "max_length", "seed", "language")

@@ -230,6 +230,7 @@ def run_suite(
         model.train(was_training)
     task_main = {t: e["main_score"] for t, e in section["tasks"].items()}
     section["groups"] = group_scores(task_main, cfg.groups)
+    section["group_tasks"] = {g: list(m) for g, m in cfg.groups.items()}  # tables pair per-query scores by group
     for group, value in section["groups"].items():
         log.info("eval group %s: %s", group, "n/a" if value is None else f"{value:.4f}")
     section.update(model=meta.name, fingerprint=encoder.fingerprint, query_max_length=cfg.query_max_length,
