@@ -298,7 +298,8 @@ def plot(table: Table, path: Path) -> None:
         ax.set_xticklabels(names, rotation=35, ha="right", fontsize=8)
         ax.set_ylabel("score x100")
         ax.set_title(BLOCK_TITLES.get(block, block))
-        ax.legend()
+        ax.set_ylim(0, 115)  # headroom: the legend sits above the bars
+        ax.legend(loc="upper center", ncol=2, fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

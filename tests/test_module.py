@@ -207,7 +207,6 @@ def _fit(tmp: Path, devices: int, grad_cache: bool) -> tuple[list[float], dict[s
     return losses, _params(module)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("grad_cache", [False, True])
 def test_ddp_two_processes_equal_single_process(tmp_path, grad_cache):
     single_loss, single_params = _fit(tmp_path / "one", 1, grad_cache)

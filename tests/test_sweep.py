@@ -111,9 +111,20 @@ def test_tiny_sweep_end_to_end_with_resume_and_failure(tmp_path: Path) -> None:
     assert read_results(out / "train" / "cls")["config_hash"] != "stale"
 
 
-@pytest.mark.slow
 def test_mini_scale_dry_run_and_zero_shot_block(tmp_path: Path) -> None:
     proc = sweep("--scale", "mini", "--dry-run", "--out", str(tmp_path))
     assert proc.returncode == 0, proc.stderr[-2000:]
     zs = json.loads((tmp_path / "zeroshot" / "jobs.json").read_text())
     assert "lmk-variable" not in [j["row"] for j in zs["jobs"]]  # untrained, it equals lmk-fixed-32
+
+
+@pytest.mark.slow  # about 4 minutes on 2 cores: the real mini recipe, two rows
+def test_mini_scale_two_rows_for_real(tmp_path: Path) -> None:
+    proc = sweep("--scale", "mini", "--rows", "cls,lmk-fixed-32", "--no-zero-shot", "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for row in ("cls", "lmk-fixed-32"):
+        res = read_results(tmp_path / "train" / row)
+        assert res["status"] == "done" and res["metrics"]["global_step"] == 15
+        assert set(res["eval"]["groups"]) >= {"local-short", "local-longdoc", "local-passkey", "local-needle"}
+        assert (tmp_path / "train" / row / "export" / "modules.json").exists()
+    assert "| LMK-fixed-32 |" in (tmp_path / "table2.md").read_text()

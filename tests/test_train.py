@@ -66,7 +66,6 @@ def pairs(tmp_path: Path) -> Path:
     return write_pairs(tmp_path / "pairs.jsonl")
 
 
-@pytest.mark.slow  # about a minute on the shared 2-core box (a subprocess imports torch and trains)
 def test_cli_end_to_end_with_wandb_offline(tmp_path, pairs):
     run_dir = tmp_path / "run"
     proc = cli(run_dir, pairs, "encoder=tiny-modernbert", "pooling=lmk-variable", "trainer=cpu", "logger=wandb")
@@ -137,7 +136,6 @@ def test_failure_is_recorded(tmp_path, pairs):
     assert res["status"] == "failed" and "nonexistent" in res["error"]
 
 
-@pytest.mark.slow
 def test_cli_ddp_two_cpu_processes(tmp_path, pairs):
     run_dir = tmp_path / "ddp"
     proc = cli(run_dir, pairs, "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2",
