@@ -8,12 +8,12 @@ DictConfig or a plain dict alike.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
 from lmk.names import POOLER_NAMES as POOLERS
 from lmk.names import STRATEGIES
+from lmk.schema import Coercible, plain
 
 ENCODER_SOURCES = ("hub", "package", "random")
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2")
@@ -22,46 +22,13 @@ DTYPES = ("float32", "bfloat16", "float16")
 CHUNKED_STRATEGIES = ("fixed", "variable", "every_k", "multi_cls")
 
 
-def _plain(value: Any) -> Any:
-    """DictConfig/ListConfig -> plain containers (instantiate passes OmegaConf nodes through)."""
-    try:
-        from omegaconf import DictConfig, ListConfig, OmegaConf
-    except ImportError:  # pragma: no cover - omegaconf is a dependency
-        return value
-    if isinstance(value, DictConfig | ListConfig):
-        return OmegaConf.to_container(value, resolve=True)
-    return value
-
-
 def _check_choice(cls_name: str, key: str, value: Any, allowed: tuple[str, ...] | list[str]) -> None:
     if value not in allowed:
         raise ValueError(f"{cls_name}.{key}={value!r} is not valid; allowed values: {', '.join(allowed)}")
 
 
-class _Coercible:
-    """Mixin: build the dataclass from a dataclass / DictConfig / dict, rejecting unknown keys."""
-
-    @classmethod
-    def coerce(cls, cfg: Any):  # noqa: ANN206 - returns cls
-        if isinstance(cfg, cls):
-            return cfg
-        if dataclasses.is_dataclass(cfg) and not isinstance(cfg, type):
-            cfg = dataclasses.asdict(cfg)
-        cfg = _plain(cfg)
-        if not isinstance(cfg, dict):
-            raise TypeError(f"{cls.__name__}: expected a dataclass, DictConfig or dict, got {type(cfg).__name__}")
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(cfg) - known)
-        if unknown:
-            raise ValueError(f"{cls.__name__}: unknown key(s) {unknown}; allowed keys: {', '.join(sorted(known))}")
-        return cls(**cfg)
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-
 @dataclass
-class EncoderConfig(_Coercible):
+class EncoderConfig(Coercible):
     """Where the backbone comes from and how it is instantiated.
 
     source:
@@ -88,7 +55,7 @@ class EncoderConfig(_Coercible):
     _target_: str | None = None
 
     def __post_init__(self) -> None:
-        self.config_overrides = dict(_plain(self.config_overrides) or {})
+        self.config_overrides = dict(plain(self.config_overrides) or {})
         n = "EncoderConfig"
         if not self.name:
             raise ValueError(f"{n}.name must be a non-empty string (it names runs and mteb models)")
@@ -118,7 +85,7 @@ class EncoderConfig(_Coercible):
 
 
 @dataclass
-class PoolingConfig(_Coercible):
+class PoolingConfig(Coercible):
     """One table row: a tokenization strategy + a pooler. `chunk_size` is THE sweep key."""
 
     name: str = "lmk-fixed"
@@ -130,8 +97,8 @@ class PoolingConfig(_Coercible):
     _target_: str | None = None
 
     def __post_init__(self) -> None:
-        self.pooler_kwargs = dict(_plain(self.pooler_kwargs) or {})
-        self.train_chunk_sizes = list(_plain(self.train_chunk_sizes) or [])
+        self.pooler_kwargs = dict(plain(self.pooler_kwargs) or {})
+        self.train_chunk_sizes = list(plain(self.train_chunk_sizes) or [])
         n = "PoolingConfig"
         if not self.name:
             raise ValueError(f"{n}.name must be a non-empty string (it is the table row id)")

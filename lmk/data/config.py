@@ -6,24 +6,14 @@ file is read. `DataConfig.coerce(x)` accepts a dataclass, a DictConfig or a plai
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
+
+from lmk.schema import Coercible, plain
 
 # The special source path that means "the offline default training set" (lmk.data.offline_pairs).
 LOCAL_SOURCE = "local"
 SPLITS_LOCAL = ("train", "test")
-
-
-def _plain(value: Any) -> Any:
-    """DictConfig/ListConfig -> plain containers (instantiate passes OmegaConf nodes through)."""
-    try:
-        from omegaconf import DictConfig, ListConfig, OmegaConf
-    except ImportError:  # pragma: no cover - omegaconf is a dependency
-        return value
-    if isinstance(value, DictConfig | ListConfig):
-        return OmegaConf.to_container(value, resolve=True)
-    return value
 
 
 def _check_int(cls: str, key: str, value: Any, minimum: int) -> None:
@@ -31,30 +21,8 @@ def _check_int(cls: str, key: str, value: Any, minimum: int) -> None:
         raise ValueError(f"{cls}.{key}={value!r} is not valid; allowed values: an integer >= {minimum}")
 
 
-class _Coercible:
-    @classmethod
-    def coerce(cls, cfg: Any):  # noqa: ANN206 - returns cls
-        if isinstance(cfg, cls):
-            return cfg
-        if dataclasses.is_dataclass(cfg) and not isinstance(cfg, type):
-            cfg = dataclasses.asdict(cfg)
-        cfg = _plain(cfg)
-        if isinstance(cfg, str) and cls is SourceConfig:  # a bare path / hub id is a one-key source
-            cfg = {"path": cfg}
-        if not isinstance(cfg, dict):
-            raise TypeError(f"{cls.__name__}: expected a dataclass, DictConfig or dict, got {type(cfg).__name__}")
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(cfg) - known)
-        if unknown:
-            raise ValueError(f"{cls.__name__}: unknown key(s) {unknown}; allowed keys: {', '.join(sorted(known))}")
-        return cls(**cfg)
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-
 @dataclass
-class SourceConfig(_Coercible):
+class SourceConfig(Coercible):
     """One training source in the BGE "full data" format.
 
     path: a local .jsonl / .jsonl.gz / .json / .parquet file (or a folder of them), the word ``local``
@@ -63,6 +31,10 @@ class SourceConfig(_Coercible):
       the rows, 2.0 each row twice. Weights mix several sources (the BGE-M3 recipe).
     split / data_files / subset / revision: passed to `datasets.load_dataset` for hub ids.
     """
+
+    @classmethod
+    def _prepare(cls, cfg: Any) -> Any:
+        return {"path": cfg} if isinstance(cfg, str) else cfg  # a bare path / hub id is a one-key source
 
     path: str = LOCAL_SOURCE
     weight: float = 1.0
@@ -93,7 +65,7 @@ class SourceConfig(_Coercible):
 
 
 @dataclass
-class DataConfig(_Coercible):
+class DataConfig(Coercible):
     """Keys of `conf/data/*.yaml` (PairDataModule's arguments except the tokenizer / collator)."""
 
     _target_: str = "lmk.data.datamodule.PairDataModule"
@@ -113,7 +85,7 @@ class DataConfig(_Coercible):
     cache_dir: str | None = None
 
     def __post_init__(self) -> None:
-        sources = _plain(self.sources)
+        sources = plain(self.sources)
         if isinstance(sources, str | dict):
             sources = [sources]
         if not isinstance(sources, list) or not sources:

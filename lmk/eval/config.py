@@ -7,10 +7,11 @@ any text encoded, and a bad value raises `EvalConfigError` naming the key and th
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from lmk.schema import Coercible
 
 # The regenerated LongEmbed lengths (lmk.data.longembed.LENGTHS); repeated here so the schema does
 # not import the data package (config must load without the heavy deps).
@@ -25,7 +26,9 @@ class EvalConfigError(ValueError):
 
 
 @dataclass
-class EvalConfig:
+class EvalConfig(Coercible):
+    _error = EvalConfigError  # not a field (no annotation): the error an unknown key raises
+
     _target_: str | None = None
     name: str = "none"
     # mteb task names and/or local task names (LocalPasskey, LocalNeedle, LocalLongDoc, LocalShort).
@@ -115,29 +118,17 @@ class EvalConfig:
         return bool(self.tasks)
 
     @classmethod
-    def from_cfg(cls, cfg: Any) -> EvalConfig:
-        """Build from a DictConfig / mapping / EvalConfig; unknown keys are an error naming the known ones."""
-        if isinstance(cfg, EvalConfig):
-            return cfg
+    def _prepare(cls, cfg: Any) -> Any:
         if cfg is None:
-            return cls()
-        try:
-            from omegaconf import DictConfig, OmegaConf
-
-            if isinstance(cfg, DictConfig):
-                cfg = OmegaConf.to_container(cfg, resolve=True)
-        except ImportError:  # pragma: no cover - omegaconf is a hard dependency
-            pass
+            return {}
         if not isinstance(cfg, Mapping):
             raise EvalConfigError(f"eval config must be a mapping, got {type(cfg).__name__}")
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(cfg) - known)
-        if unknown:
-            raise EvalConfigError(f"eval: unknown keys {unknown}; allowed keys are {sorted(known)}")
-        try:
-            return cls(**dict(cfg))
-        except TypeError as err:  # pragma: no cover - guarded by the key check above
-            raise EvalConfigError(f"eval: {err}") from err
+        return dict(cfg)
+
+    @classmethod
+    def from_cfg(cls, cfg: Any) -> EvalConfig:
+        """Build from a DictConfig / mapping / EvalConfig; unknown keys are an error naming the known ones."""
+        return cls.coerce(cfg)
 
 
 def validate_eval_config(cfg: Any) -> EvalConfig:
