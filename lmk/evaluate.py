@@ -23,7 +23,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from lmk.eval.config import EvalConfig
-from lmk.results import Timer, config_hash_of, git_commit, update_results
+from lmk.results import Timer, config_hash_of, git_commit, update_results, use_hydra_logging
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +127,11 @@ def run(cfg: DictConfig, run_dir: str | os.PathLike | None = None, cross_pooling
     update_results(run_dir, status="running", command="evaluate", config=resolved,
                    config_hash=config_hash_of(cfg), git_commit=git_commit())
     try:
+        import lightning.pytorch  # noqa: F401 - installs its log handlers, removed next
+
         from lmk.eval.runner import run_suite
+
+        use_hydra_logging()
         from lmk.eval.suites import build_tasks
         from lmk.loggers import build_logger
 

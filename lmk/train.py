@@ -19,7 +19,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from lmk.config import RootConfig, to_container, validate
-from lmk.results import Timer, config_hash_of, git_commit, update_results
+from lmk.results import Timer, config_hash_of, git_commit, update_results, use_hydra_logging
 
 log = logging.getLogger(__name__)
 
@@ -133,6 +133,8 @@ def run(cfg: DictConfig) -> float | None:
                            config_hash=config_hash_of(cfg), git_commit=git_commit())
         with timer.section("setup"):
             import lightning.pytorch as pl
+
+            use_hydra_logging()  # after the import that installs Lightning's handlers
 
             from lmk.loggers import build_logger
             from lmk.model import EmbeddingModel
