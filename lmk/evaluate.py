@@ -124,7 +124,8 @@ def run(cfg: DictConfig, run_dir: str | os.PathLike | None = None, cross_pooling
     timer = Timer()
     loggers = None
     exit_code = 1
-    update_results(run_dir, status="running", command="evaluate", config=resolved,
+    # fresh: a re-run in the same folder (a sweep row after a failure) must not inherit old scores
+    update_results(run_dir, fresh=True, status="running", command="evaluate", config=resolved,
                    config_hash=config_hash_of(cfg), git_commit=git_commit())
     try:
         import lightning.pytorch  # noqa: F401 - installs its log handlers, removed next

@@ -82,6 +82,7 @@ class ContrastiveModule(pl.LightningModule):
             self.enable_gradient_checkpointing()
         self.save_hyperparameters(ignore=["model"])
         self._last_step_time: float | None = None
+        self.fit_start_step = 0  # global step when fit started (after a checkpoint restore)
 
     # ---- model helpers -------------------------------------------------------------------------
     def enable_gradient_checkpointing(self) -> None:
@@ -169,6 +170,9 @@ class ContrastiveModule(pl.LightningModule):
             # A device tensor: converted only when Lightning logs it, not per step here.
             self.log("train/tokens_per_s", tokens.float() * world / dt, on_step=True, on_epoch=False, batch_size=b)
         self._last_step_time = now
+
+    def on_train_start(self) -> None:
+        self.fit_start_step = int(self.global_step)
 
     def on_train_epoch_start(self) -> None:
         self._last_step_time = None  # the epoch boundary (loader start-up) is not a training interval

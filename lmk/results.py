@@ -38,11 +38,15 @@ def read_results(run_dir: str | os.PathLike) -> dict[str, Any]:
         return json.load(fh)
 
 
-def update_results(run_dir: str | os.PathLike, **sections: Any) -> dict[str, Any]:
-    """Deep-merge `sections` into `<run_dir>/results.json` and write it atomically."""
+def update_results(run_dir: str | os.PathLike, *, fresh: bool = False, **sections: Any) -> dict[str, Any]:
+    """Deep-merge `sections` into `<run_dir>/results.json` and write it atomically.
+
+    `fresh=True` starts the file over: a new run in an old folder must not inherit the previous
+    run's eval scores or error under its own config hash.
+    """
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    merged = _deep_merge(read_results(run_dir), sections)
+    merged = _deep_merge({} if fresh else read_results(run_dir), sections)
     merged["updated_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     # Write to a temp file then rename: a crash mid-write never leaves a truncated results.json.
     fd, tmp = tempfile.mkstemp(dir=run_dir, prefix=".results.", suffix=".json")
@@ -109,9 +113,13 @@ class _Section:
         self.timer.timings[self.name] = round(time.perf_counter() - self.start, 3)
 
 
+# Keys that say where a run is stored: their values differ between the sweeper and the job (Hydra's
+# runtime folder), so interpolations into them are hashed verbatim.
+HASH_LOCATION_KEYS = ("hydra", "run_dir", "ckpt_path", "paths", "cache_dir")
 # Keys that say where or how a run is stored/logged, not what it computes: two runs that differ only
-# in these produce the same numbers, so they share a config hash.
-HASH_IGNORED_KEYS = ("hydra", "run_dir", "ckpt_path", "logger", "launcher", "paths", "cache_dir")
+# in these produce the same numbers, so they share a config hash. (A value interpolated *from* the
+# launcher, e.g. trainer.num_nodes, does change the global batch, so it is resolved and hashed.)
+HASH_IGNORED_KEYS = (*HASH_LOCATION_KEYS, "logger", "launcher")
 # The status a finished run records; the sweeper skips rows whose results say this.
 STATUS_DONE = "done"
 
@@ -120,14 +128,14 @@ def config_hash_of(cfg: Any, ignore: tuple[str, ...] = HASH_IGNORED_KEYS) -> str
     """The config hash of a composed Hydra/OmegaConf config, equal inside and outside a Hydra job.
 
     Top-level keys in `ignore` are dropped. Interpolations are resolved, except those that point at
-    Hydra's runtime or at an ignored key (they are kept verbatim), so the sweeper (which composes
-    outside the job) and the job itself compute the same hash.
+    Hydra's runtime or a location key (HASH_LOCATION_KEYS: kept verbatim), so the sweeper (which
+    composes outside the job) and the job itself compute the same hash.
     """
     from omegaconf import DictConfig, ListConfig, OmegaConf
 
     def leaf(node: Any, key: Any) -> Any:
         raw = node._get_node(key)._value() if hasattr(node, "_get_node") else node[key]
-        if isinstance(raw, str) and "${" in raw and ("hydra" in raw or any(k in raw for k in ignore)):
+        if isinstance(raw, str) and "${" in raw and any(k in raw for k in HASH_LOCATION_KEYS):
             return raw
         value = node[key]
         if isinstance(value, (DictConfig, ListConfig)):

@@ -108,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
             if failed:
                 print(f"[lmk.sweep] failed rows in {name}: {', '.join(failed)} (recorded; others kept)",
                       file=sys.stderr)
+                failures += 1  # the table is still built from the rows that finished
     if args.dry_run:
         for name, *_ in blocks:
             print(f"[lmk.sweep] dry run: jobs in {out / name / 'jobs.json'}")

@@ -135,14 +135,10 @@ def _per_query_vector(rec: RunRecord, group: str) -> dict[tuple[str, str, str], 
     if not rec.per_query:
         return {}
     tasks = rec.group_tasks.get(group)
-    out = {}
-    for task, splits in rec.per_query.items():
-        if tasks is not None and task not in tasks:
-            continue
-        for split, scores in splits.items():
-            for qid, score in scores.items():
-                out[(task, split, qid)] = float(score)
-    return out if tasks is not None else {}
+    if tasks is None:  # which tasks make up the group is unknown: nothing to pair
+        return {}
+    return {(task, split, qid): float(score) for task, splits in rec.per_query.items() if task in tasks
+            for split, scores in splits.items() for qid, score in scores.items()}
 
 
 def paired_p_value(a: dict[Any, float], b: dict[Any, float]) -> float | None:
@@ -201,20 +197,25 @@ def build_table(spec: TableSpec, scale_name: str, runs: dict[str, dict[str, RunR
                   labels={r.id: r.label for r in rows}, baseline=spec.baseline, alpha=spec.alpha)
     for block_rows in table.blocks.values():
         for key, _ in table.column_keys():
-            values = [cells[key].value for cells in block_rows.values() if cells.get(key) and cells[key].value is not None]
-            if values:
-                top = max(values)
-                for cells in block_rows.values():
-                    if cells.get(key) and cells[key].value is not None and math.isclose(cells[key].value, top):
-                        cells[key].best = True
+            # Compare the printed values (x100, 1 decimal): two cells that read the same are both bold.
+            shown = {row: float(_shown(cells[key].value)) for row, cells in block_rows.items()
+                     if cells.get(key) and cells[key].value is not None}
+            if shown:
+                top = max(shown.values())
+                for row, value in shown.items():
+                    block_rows[row][key].best = value == top
     return table
 
 
 # -- rendering ------------------------------------------------------------------------------------
+def _shown(value: float) -> str:
+    return f"{100 * value:.1f}"
+
+
 def _fmt(cell: Cell | None, bold: tuple[str, str], mark: bool = True) -> str:
     if cell is None or cell.value is None:
         return "-"
-    text = f"{100 * cell.value:.1f}"
+    text = _shown(cell.value)
     if mark and cell.significant:
         text += SIG_MARK
     return f"{bold[0]}{text}{bold[1]}" if cell.best else text

@@ -23,8 +23,6 @@ from lmk.results import Timer, config_hash_of, git_commit, update_results, use_h
 
 log = logging.getLogger(__name__)
 
-# Keys that do not change what a run computes (excluded from the config hash).
-
 
 def _is_rank_zero() -> bool:
     from lightning.pytorch.utilities import rank_zero_only
@@ -127,9 +125,12 @@ def run(cfg: DictConfig) -> float | None:
     loggers = None
     exit_code = 1
     rank_zero = _is_rank_zero()
+    ckpt: str | None = None
     try:
+        ckpt = resolve_ckpt_path(typed.ckpt_path, run_dir)
         if rank_zero:
-            update_results(run_dir, status="running", config=resolved,
+            # A resumed run adds to its results; a new run in an old folder starts them over.
+            update_results(run_dir, fresh=ckpt is None, status="running", config=resolved,
                            config_hash=config_hash_of(cfg), git_commit=git_commit())
         with timer.section("setup"):
             import lightning.pytorch as pl
@@ -151,8 +152,6 @@ def run(cfg: DictConfig) -> float | None:
                 lg.log_hyperparams(resolved)  # resolved: no ${...} left in W&B / hparams.yaml
             callbacks = build_callbacks(typed, cfg, run_dir, has_logger=bool(loggers))
             trainer = build_trainer(typed, cfg, run_dir, callbacks, loggers)
-        ckpt = resolve_ckpt_path(typed.ckpt_path, run_dir)
-        start_step = 0
         t0 = time.perf_counter()
         with timer.section("fit"):
             trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt)
@@ -169,7 +168,8 @@ def run(cfg: DictConfig) -> float | None:
                 export_sentence_transformers(model, run_dir / "export")
         if rank_zero:
             timings = dict(timer.timings)
-            steps = metrics["global_step"] - start_step
+            steps = metrics["global_step"] - module.fit_start_step  # a resumed fit ran only the rest
+            timings["fit_steps"] = steps
             timings["fit_steps_per_s"] = round(steps / fit_s, 4) if fit_s > 0 else None
             from lmk.loggers import wandb_info
 

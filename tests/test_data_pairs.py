@@ -276,6 +276,17 @@ def test_streaming_two_ranks(tmp_path, tokenizer):
     assert batch["passage"]["input_ids"].shape[0] == 12
 
 
+def test_streaming_more_workers_than_shards(tmp_path, tokenizer):
+    # One file (or a hub stream) is one shard: the extra DataLoader worker gets no rows and must stop
+    # quietly, not crash the run (conf/data/msmarco-document.yaml streams with num_workers: 4).
+    path = _write(tmp_path / "a.jsonl", _records(6))
+    dm = _dm(path, tokenizer, tmp_path, streaming=True, num_workers=2, shuffle_buffer=4)
+    dm.setup()
+    it = iter(dm.train_dataloader())
+    sizes = [next(it)["query"]["input_ids"].shape[0] for _ in range(3)]
+    assert sizes == [4, 4, 4]  # the stream repeats: 3 full batches from 6 rows
+
+
 # ---------------------------------------------------------------------------------------- weighted mix
 def test_weighted_sources(tmp_path, tokenizer):
     a = _write(tmp_path / "a.jsonl", _records(10))
@@ -296,6 +307,20 @@ def test_weighted_sources(tmp_path, tokenizer):
         assert len(per_epoch[-1]) == 4
     assert per_epoch[0] != per_epoch[1]  # a different seeded half of source b each epoch
 
+
+
+def test_repeated_rows_draw_fresh_groups(tmp_path, tokenizer):
+    # weight 2.0 = each row twice per epoch: the second copy must not be an exact duplicate group.
+    a = _write(tmp_path / "a.jsonl", _records(6, n_neg=lambda i: 12, scores=False))
+    dm = PairDataModule(sources=[{"path": a, "weight": 2.0}], tokenizer=tokenizer, group_size=4, batch_size=4,
+                        cache_dir=str(tmp_path / "hf"))
+    dm.setup()
+    groups: dict[str, list[tuple[str, ...]]] = {}
+    for k in dm.sampler():
+        item = dm.train_set[k]
+        groups.setdefault(item["query"], []).append(tuple(item["passages"]))
+    assert all(len(g) == 2 for g in groups.values())
+    assert all(g[0] != g[1] for g in groups.values())
 
 def test_fingerprint(tmp_path, tokenizer):
     path = _write(tmp_path / "a.jsonl", _records(8))

@@ -128,3 +128,20 @@ def test_mini_scale_two_rows_for_real(tmp_path: Path) -> None:
         assert set(res["eval"]["groups"]) >= {"local-short", "local-longdoc", "local-passkey", "local-needle"}
         assert (tmp_path / "train" / row / "export" / "modules.json").exists()
     assert "| LMK-fixed-32 |" in (tmp_path / "table2.md").read_text()
+
+
+def test_config_hash_follows_values_interpolated_from_the_launcher() -> None:
+    from hydra import compose, initialize_config_dir
+
+    from lmk.results import config_hash_of
+
+    def digest(*extra: str) -> str:
+        with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+            cfg = compose(config_name="train", overrides=["trainer=ddp-multinode", "launcher=submitit_slurm", *extra])
+        return config_hash_of(cfg)
+
+    base = digest()
+    # Where a job is queued does not change its numbers; the node count (global batch, negatives) does.
+    assert digest("launcher.partition=other") == base
+    assert digest("launcher.nodes=4") != base
+    assert digest("launcher.gpus_per_node=2") != base

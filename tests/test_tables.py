@@ -83,6 +83,18 @@ def test_aggregate_bold_significance_and_provenance(spec_path: Path, tmp_path: P
     assert table.blocks["train"]["cls"]["short-a"].p_value is None  # the baseline is not tested
 
 
+def test_bold_follows_the_printed_values(spec_path: Path, tmp_path: Path) -> None:
+    out = tmp_path / "sweep"
+    # 0.4531 and 0.4529 both print as 45.3: both are the best of column A; 9.5 vs 45.3 compares as numbers.
+    write_run(out / "train" / "cls", "cls", {"short-a": 0.4531, "long-b": 0.095})
+    write_run(out / "train" / "mean", "mean", {"short-a": 0.4529, "long-b": 0.453})
+    write_run(out / "train" / "lmk", "lmk", {"short-a": 0.30, "long-b": 0.20})
+    table, _ = aggregate(spec_path, "s", out)
+    cells = table.blocks["train"]
+    assert cells["cls"]["short-a"].best and cells["mean"]["short-a"].best and not cells["lmk"]["short-a"].best
+    assert cells["mean"]["long-b"].best and not cells["cls"]["long-b"].best
+
+
 def test_missing_row_and_failed_row_show_dash(spec_path: Path, tmp_path: Path) -> None:
     out = tmp_path / "sweep"
     write_run(out / "train" / "cls", "cls", {"short-a": 0.2, "long-b": 0.5})

@@ -13,6 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from lmk.results import update_results
+
 ROOT = Path(__file__).resolve().parents[1]
 CONF = str(ROOT / "conf")
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "WANDB_SILENT": "true"}
@@ -106,15 +108,20 @@ def test_config_typo_fails_before_training(tmp_path, pairs):
 
 def test_same_seed_same_metrics_and_resume_continues(tmp_path, pairs):
     a, b = tmp_path / "a", tmp_path / "b"
+    # A previous failed/evaluated run in a's folder: a new (not resumed) run must not inherit it.
+    update_results(a, status="failed", error="RuntimeError: old", eval={"groups": {"old": 1.0}})
     in_process(a, pairs, "seed=3", "trainer.max_steps=2")
     in_process(b, pairs, "seed=3", "trainer.max_steps=2")
     assert losses(a) == losses(b) and len(losses(a)) == 2
     assert results(a)["metrics"]["train/loss"] == results(b)["metrics"]["train/loss"]
+    assert "error" not in results(a) and "eval" not in results(a)
+    assert results(a)["timings"]["fit_steps"] == 2
     # Resume a's last.ckpt (step 2) up to step 4: two more steps, appended to the same metrics.csv.
     in_process(a, pairs, "seed=3", "trainer.max_steps=4", "ckpt_path=last")
     res = results(a)
     assert res["metrics"]["global_step"] == 4
     assert res["checkpoints"]["resumed_from"].endswith("last.ckpt")
+    assert res["timings"]["fit_steps"] == 2  # this fit ran steps 2..3 only (throughput is per fit)
     assert [s for s, _ in losses(a)] == [0, 1, 2, 3]
 
 

@@ -79,7 +79,7 @@ def sample_group(
 
 
 class PairDataset(torch.utils.data.Dataset):
-    """Map-style view of several sources; item keys are ``(epoch, global_index)`` (from `EpochSampler`)."""
+    """Map-style view of several sources; item keys are ``(epoch, global_index[, repeat])`` (from `EpochSampler`)."""
 
     def __init__(self, sources: Sequence[datasets.Dataset], group_size: int, seed: int) -> None:
         self.sources = list(sources)
@@ -95,16 +95,16 @@ class PairDataset(torch.utils.data.Dataset):
         src = int(np.searchsorted(self.offsets, index, side="right") - 1)
         return src, index - int(self.offsets[src])
 
-    def __getitem__(self, key: int | tuple[int, int]) -> dict[str, Any]:
-        epoch, index = key if isinstance(key, tuple) else (0, key)
+    def __getitem__(self, key: int | tuple[int, ...]) -> dict[str, Any]:
+        epoch, index, *repeat = key if isinstance(key, tuple) else (0, key)
         src, row = self.locate(index)
         record = self.sources[src][row]
-        rng = _rng(self.seed, epoch, index)
+        rng = _rng(self.seed, epoch, index, *repeat)
         pool: list[str] = []
         if not record["neg"] and self.group_size > 1:
             pool = self._random_pool(src, row, rng)
         out = sample_group(record, self.group_size, rng, pool)
-        out["key"] = (self.seed, epoch, index)
+        out["key"] = (self.seed, epoch, index, *repeat)
         return out
 
     def _random_pool(self, src: int, row: int, rng: np.random.Generator) -> list[str]:
@@ -151,27 +151,40 @@ class EpochSampler(DistributedSampler):
         w = self.weights[i]
         return int(math.floor(w)) * self.sizes[i] + int(round((w - math.floor(w)) * self.sizes[i]))
 
-    def epoch_indices(self, epoch: int) -> np.ndarray:
-        """The whole epoch's global indices (all ranks), padded to a multiple of the world size."""
-        parts = []
+    def epoch_keys(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        """The whole epoch's global indices (all ranks), padded to a multiple of the world size, and
+        each item's repeat number (pass p of a source with weight >= 2 has repeat p)."""
+        parts, reps = [], []
         for i, (size, w) in enumerate(zip(self.sizes, self.weights, strict=True)):
             base = np.arange(size) + self.offsets[i]
-            parts += [base] * int(math.floor(w))
+            for p in range(int(math.floor(w))):
+                parts.append(base)
+                reps.append(np.full(size, p))
             frac = int(round((w - math.floor(w)) * size))
             if frac:
                 parts.append(np.sort(_rng(self.seed, epoch, 7919, i).choice(base, size=frac, replace=False)))
+                reps.append(np.full(frac, int(math.floor(w))))
         idx = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+        rep = np.concatenate(reps) if reps else np.zeros(0, dtype=np.int64)
         if self.shuffle:
-            idx = _rng(self.seed, epoch).permutation(idx)
+            perm = _rng(self.seed, epoch).permutation(len(idx))
+            idx, rep = idx[perm], rep[perm]
         pad = self.num_samples * self.num_replicas - len(idx)
         if pad and len(idx):
-            idx = np.concatenate([idx, np.resize(idx, pad)])
-        return idx
+            idx, rep = np.concatenate([idx, np.resize(idx, pad)]), np.concatenate([rep, np.resize(rep, pad)])
+        return idx, rep
 
-    def __iter__(self) -> Iterator[tuple[int, int]]:
+    def epoch_indices(self, epoch: int) -> np.ndarray:
+        """The whole epoch's global indices (all ranks), padded to a multiple of the world size."""
+        return self.epoch_keys(epoch)[0]
+
+    def __iter__(self) -> Iterator[tuple[int, ...]]:
         epoch = self.epoch
-        for i in self.epoch_indices(epoch)[self.rank :: self.num_replicas]:
-            yield (epoch, int(i))
+        idx, rep = self.epoch_keys(epoch)
+        # A row repeated within an epoch (weight >= 2) draws a fresh group per repeat: the repeat number
+        # joins the item key (and so the seed); first passes keep the plain (epoch, index) key.
+        for i, r in zip(idx[self.rank :: self.num_replicas], rep[self.rank :: self.num_replicas], strict=True):
+            yield (epoch, int(i)) if r == 0 else (epoch, int(i), int(r))
 
     def __len__(self) -> int:
         return self.num_samples
@@ -213,6 +226,10 @@ class StreamingPairDataset(IterableDataset):
                     yield out
                 pending = []
             if n < 0:
+                if worker > 0:
+                    # `datasets` gives DataLoader workers whole shards; with more workers than shards (a hub
+                    # stream or one file is a single shard) the extra workers get none: they just stop.
+                    return
                 raise ValueError("streaming training data is empty on this rank/worker")
             epoch += 1
 

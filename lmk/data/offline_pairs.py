@@ -47,7 +47,7 @@ DEFAULT_PACKAGES: tuple[str, ...] = ("stdlib", "numpy", "scipy", "pandas", "skle
 SPLITS = ("train", "test")
 TEST_FRACTION = 0.1
 N_NEGATIVES = 7
-_MINE_DEPTH = 30  # negatives are sampled from the top-30 BM25 hits (not only the top few: fewer false negatives)
+_MINE_DEPTH = 30  # BM25 hits retrieved per query; negatives are sampled from the top 2 x N_NEGATIVES of them
 _SKIP_DIRS = {
     "test", "tests", "testing", "site-packages", "idlelib", "lib2to3", "__pycache__", "ensurepip",
     "turtledemo", "_vendor", "vendored", "externals", "_build_utils",
@@ -170,7 +170,7 @@ def mine_negatives(queries: list[str], docs: list[str], n_negatives: int, seed: 
     out = []
     for i, row in enumerate(np.asarray(hits)):
         cands = [int(j) for j in row if int(j) != i]
-        top = cands[: max(n_negatives * 2, n_negatives)]  # the strongest hits, sampled for variety
+        top = cands[: 2 * n_negatives]  # the strongest hits (not only the top few: fewer false negatives), sampled
         take = min(n_negatives, len(top))
         out.append([top[j] for j in sorted(rng.choice(len(top), size=take, replace=False))] if take else [])
     return out
