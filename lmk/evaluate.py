@@ -23,7 +23,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from lmk.eval.config import EvalConfig
-from lmk.results import Timer, config_hash_of, git_commit, update_results, use_hydra_logging
+from lmk.results import Timer, config_hash_of, git_commit, update_results
 
 log = logging.getLogger(__name__)
 
@@ -128,13 +128,11 @@ def run(cfg: DictConfig, run_dir: str | os.PathLike | None = None, cross_pooling
     update_results(run_dir, fresh=True, status="running", command="evaluate", config=resolved,
                    config_hash=config_hash_of(cfg), git_commit=git_commit())
     try:
-        import lightning.pytorch  # noqa: F401 - installs its log handlers, removed next
-
         from lmk.eval.runner import run_suite
+        from lmk.eval.suites import build_tasks
+        from lmk.loggers import build_logger, use_hydra_logging
 
         use_hydra_logging()
-        from lmk.eval.suites import build_tasks
-        from lmk.loggers import build_logger
 
         with timer.section("tasks"):
             tasks = build_tasks(eval_cfg)  # unknown names / offline hub tasks fail before the model loads

@@ -24,6 +24,17 @@ from lightning.pytorch.utilities import rank_zero_only
 
 log = logging.getLogger(__name__)
 
+
+def use_hydra_logging() -> None:
+    """Let Lightning's log records go through Hydra's handlers only.
+
+    Lightning attaches its own console handler *and* propagates to the root logger, which Hydra has
+    configured: every Lightning line would print twice (and still reach the job's log file once).
+    """
+    for name in ("lightning.pytorch", "lightning.fabric"):
+        logging.getLogger(name).handlers.clear()
+
+
 WANDB_MODES = ("online", "offline", "disabled")
 
 

@@ -79,18 +79,6 @@ def git_commit(cwd: str | os.PathLike | None = None) -> str | None:
     return f"{sha}-dirty" if dirty else sha
 
 
-def use_hydra_logging() -> None:
-    """Let Lightning's log records go through Hydra's handlers only.
-
-    Lightning attaches its own console handler *and* propagates to the root logger, which Hydra has
-    configured: every Lightning line would print twice (and still reach the job's log file once).
-    """
-    import logging
-
-    for name in ("lightning.pytorch", "lightning.fabric"):
-        logging.getLogger(name).handlers.clear()
-
-
 class Timer:
     """Collects named wall-clock durations (seconds) for the `timings` section."""
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import yaml
 
-from lmk.table_spec import Row, Scale, TableSpec, load_spec, validate_spec
+from lmk.table_spec import Row, Scale, load_spec, validate_spec
 
 # Each entry point's structured-config check, run on every job before the sweep launches.
 VALIDATORS = {"lmk.train": "lmk.config.validate", "lmk.evaluate": "lmk.evaluate.validate_config"}
@@ -57,7 +57,7 @@ def run_block(cmd: list[str], env: dict[str, str]) -> int:
     return subprocess.run(cmd, env={**os.environ, **env}).returncode
 
 
-def zero_shot_rows(spec: TableSpec, rows: list[Row]) -> list[Row]:
+def zero_shot_rows(rows: list[Row]) -> list[Row]:
     # lmk-variable only differs from lmk-fixed at training time; untrained it IS lmk-fixed-32.
     return [r for r in rows if r.pooling != "lmk-variable"]
 
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
 
     blocks = [("train", "lmk.train", scale.train_overrides, rows)]
     if scale.zero_shot and not args.no_zero_shot:
-        blocks.append(("zeroshot", "lmk.evaluate", scale.zero_shot_overrides, zero_shot_rows(spec, rows)))
+        blocks.append(("zeroshot", "lmk.evaluate", scale.zero_shot_overrides, zero_shot_rows(rows)))
     failures = 0
     for name, entry, overrides, block_rows in blocks:
         cmd = sweep_command(entry, overrides, block_rows, out / name, scale, f"{group}-{name}",

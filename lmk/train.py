@@ -19,7 +19,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from lmk.config import RootConfig, to_container, validate
-from lmk.results import Timer, config_hash_of, git_commit, update_results, use_hydra_logging
+from lmk.results import Timer, config_hash_of, git_commit, update_results
 
 log = logging.getLogger(__name__)
 
@@ -135,10 +135,10 @@ def run(cfg: DictConfig) -> float | None:
         with timer.section("setup"):
             import lightning.pytorch as pl
 
-            use_hydra_logging()  # after the import that installs Lightning's handlers
-
-            from lmk.loggers import build_logger
+            from lmk.loggers import build_logger, use_hydra_logging
             from lmk.model import EmbeddingModel
+
+            use_hydra_logging()
 
             # seed_everything(0) is a real seed: never `if cfg.seed` (that skips seed 0).
             pl.seed_everything(typed.seed, workers=True)
