@@ -11,9 +11,18 @@ from typing import Any
 
 from lmk.schema import Coercible, plain
 
-# The special source path that means "the offline default training set" (lmk.data.offline_pairs).
+# Named sources: a name that resolves to a BGE-format folder built on first use (lmk.data.pairs.resolve_source).
+# "local" is the offline default training set (lmk.data.offline_pairs); "replica:<name>" a local replica of a
+# hub training set in its real layout (lmk.data.replica).
 LOCAL_SOURCE = "local"
 SPLITS_LOCAL = ("train", "test")
+REPLICA_PREFIX = "replica:"
+REPLICAS = ("bge-full-data",)
+
+
+def is_named_source(path: str) -> bool:
+    """True for `local` and `replica:<name>`: names that resolve to a folder built in the cache."""
+    return path == LOCAL_SOURCE or path.startswith(REPLICA_PREFIX)
 
 
 def _check_int(cls: str, key: str, value: Any, minimum: int) -> None:
@@ -25,11 +34,14 @@ def _check_int(cls: str, key: str, value: Any, minimum: int) -> None:
 class SourceConfig(Coercible):
     """One training source in the BGE "full data" format.
 
-    path: a local .jsonl / .jsonl.gz / .json / .parquet file (or a folder of them), the word ``local``
-      (the offline default set), or a `datasets` hub id (anything that is not an existing path).
+    path: a local .jsonl / .jsonl.gz / .json / .parquet file; a folder (a local copy of a hub dataset, or a
+      folder of such files); a `datasets` hub id (anything that is not an existing path); or a name that
+      resolves to a folder built in the cache: ``local`` (the offline default set) or
+      ``replica:bge-full-data`` (a replica of ``cfli/bge-full-data`` in its real layout).
     weight: sampling multiplier per epoch: 1.0 uses each row once, 0.5 a (seeded, per-epoch) half of
       the rows, 2.0 each row twice. Weights mix several sources (the BGE-M3 recipe).
-    split / data_files / subset / revision: passed to `datasets.load_dataset` for hub ids.
+    split / data_files / subset / revision: passed to `datasets.load_dataset` for hub ids and folders alike
+      (``data_files`` patterns are relative to the folder or repo root).
     """
 
     @classmethod
@@ -59,6 +71,11 @@ class SourceConfig(Coercible):
             raise ValueError(
                 f"SourceConfig.split={self.split!r} is not valid for the local source; allowed values: "
                 f"{', '.join(SPLITS_LOCAL)}"
+            )
+        if self.path.startswith(REPLICA_PREFIX) and self.path[len(REPLICA_PREFIX):] not in REPLICAS:
+            raise ValueError(
+                f"SourceConfig.path={self.path!r} is not valid; allowed replicas: "
+                f"{', '.join(REPLICA_PREFIX + r for r in REPLICAS)}"
             )
         if self.name is None:
             self.name = self.path if self.path == LOCAL_SOURCE else self.path.rstrip("/").split("/")[-1]

@@ -30,7 +30,7 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset
 
 from lmk.data.config import DataConfig, SourceConfig
-from lmk.data.pairs import load_pairs, source_fingerprint
+from lmk.data.pairs import ReadStats, load_pairs, read_source, source_fingerprint
 
 log = logging.getLogger(__name__)
 
@@ -329,6 +329,7 @@ class PairDataModule(L.LightningDataModule):
         self.collator = collator
         self._world_size, self._rank = world_size, rank
         self.datasets: list[Any] | None = None
+        self.read_stats: list[ReadStats | None] | None = None  # per source, after setup (None: streaming)
         self.train_set: PairDataset | StreamingPairDataset | None = None
 
     # -------------------------------------------------------------------------------- properties
@@ -341,10 +342,11 @@ class PairDataModule(L.LightningDataModule):
         """Hash of the sources' content ids and sizes plus the sampling config (for results.json)."""
         payload = {
             "sources": [
-                {"id": source_fingerprint(s), "weight": s.weight, "split": s.split, "name": s.name}
+                {"id": source_fingerprint(s, self.cfg.max_rows), "weight": s.weight, "split": s.split, "name": s.name}
                 for s in self.cfg.sources
             ],
             "sizes": None if self.datasets is None or self.cfg.streaming else [len(d) for d in self.datasets],
+            "skipped": None if self.read_stats is None else [None if r is None else r.skipped for r in self.read_stats],
             "sampling": {
                 k: getattr(self.cfg, k)
                 for k in ("group_size", "batch_size", "query_max_length", "passage_max_length", "seed",
@@ -374,10 +376,12 @@ class PairDataModule(L.LightningDataModule):
         if self.train_set is not None:
             return
         c = self.cfg
-        self.datasets = [
-            load_pairs(s, skip_bad_rows=c.skip_bad_rows, max_rows=c.max_rows, streaming=c.streaming, cache_dir=c.cache_dir)
+        loaded = [
+            read_source(s, skip_bad_rows=c.skip_bad_rows, max_rows=c.max_rows, streaming=c.streaming, cache_dir=c.cache_dir)
             for s in c.sources
         ]
+        self.datasets = [x.dataset for x in loaded]
+        self.read_stats = [x.stats for x in loaded]
         if c.streaming:
             rank, world = self.rank_and_world()
             streams = self.datasets
@@ -433,6 +437,17 @@ class PairDataModule(L.LightningDataModule):
                 "lower batch_size, add data or set drop_last: false"
             )
         return DataLoader(self.train_set, sampler=sampler, **common)
+
+    @property
+    def report(self) -> dict[str, Any]:
+        """Per source (after setup): rows kept, rows skipped as bad and the first reasons, for results.json.
+        Streaming sources are validated lazily: their counts are only logged."""
+        stats = self.read_stats or [None] * len(self.cfg.sources)
+        return {
+            s.name: {"path": s.path, "rows": r.rows, "skipped": r.skipped, "skip_reasons": r.reasons[:3]} if r
+            else {"path": s.path, "rows": None, "skipped": None, "skip_reasons": []}
+            for s, r in zip(self.cfg.sources, stats, strict=True)
+        }
 
     def state_dict(self) -> dict[str, Any]:
         return {"fingerprint": self.fingerprint}

@@ -10,9 +10,12 @@ Split by a hash of the query (stable whatever `max_rows` or the package set): ``
 ``test`` held out for `offline_short_corpus` (negatives are mined within a split, so no test passage
 ever appears in training).
 
-Cache: ``$LMK_CACHE`` or the user cache dir (platformdirs) / ``offline_pairs/<fingerprint>/`` holds
-``train.jsonl``, ``test.jsonl`` and ``meta.json`` (fingerprint, per-file sha256 / rows / bytes, build
-report). A cache whose fingerprint or file hashes do not match (edited, truncated) is rebuilt.
+Cache: ``$LMK_CACHE`` or the user cache dir (platformdirs) / ``offline_pairs/<fingerprint>/`` is an ordinary
+BGE-format dataset repo in the hub's layout (`lmk.data.hub.write_bge_folder`): ``data/train-00000-of-00001.parquet``,
+``data/test-00000-of-00001.parquet`` with the columns of ``cfli/bge-full-data``, a README.md card declaring the
+splits, and ``meta.json`` (fingerprint, per-file sha256 / rows / bytes, build report). A cache whose
+fingerprint or file hashes do not match (edited, truncated) is rebuilt. Training reads it with the loader
+every source uses (`lmk.data.pairs`: the source name ``local`` resolves to this folder).
 """
 
 from __future__ import annotations
@@ -25,10 +28,8 @@ import json
 import logging
 import os
 import re
-import shutil
 import sys
 import sysconfig
-import tempfile
 import time
 import warnings
 from collections.abc import Iterator, Sequence
@@ -38,11 +39,12 @@ from typing import Any
 import datasets
 import numpy as np
 
+from lmk.data.hub import bge_features, check_built_folder, ensure_built_folder
 from lmk.data.retrieval import RetrievalCorpus
 
 log = logging.getLogger(__name__)
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: a BGE-layout repo (parquet shards + card) instead of jsonl files
 DEFAULT_PACKAGES: tuple[str, ...] = ("stdlib", "numpy", "scipy", "pandas", "sklearn")
 SPLITS = ("train", "test")
 TEST_FRACTION = 0.1
@@ -55,6 +57,14 @@ _SKIP_DIRS = {
 _MIN_SUMMARY_WORDS, _MAX_SUMMARY_WORDS = 4, 40
 _MIN_BODY_WORDS = 20
 _MAX_BODY_CHARS = 3000
+# The hub set's string columns, filled for the offline set (training reads only query / pos / neg / scores).
+CATEGORY, TYPE = "retrieval", "normal"
+PROMPT = "Given the summary line of a Python docstring, retrieve the rest of that docstring."
+_CARD = """# Offline BGE-format training pairs (lmk)
+
+Docstrings of the installed packages ({packages}): query = a docstring's summary line, pos = the rest of it,
+neg = BM25 hard negatives mined within the split. Built by `lmk.data.offline_pairs`; no teacher scores.
+"""
 
 
 # ------------------------------------------------------------------------------------------ sources
@@ -248,33 +258,9 @@ def offline_fingerprint(
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def check_cache(folder: Path, fingerprint: str) -> str | None:
     """None when the cache folder is intact, else why it is not."""
-    meta_path = folder / "meta.json"
-    if not meta_path.exists():
-        return "no meta.json"
-    try:
-        meta = json.loads(meta_path.read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        return f"unreadable meta.json ({err})"
-    if meta.get("fingerprint") != fingerprint:
-        return "fingerprint mismatch"
-    for split in SPLITS:
-        f = folder / f"{split}.jsonl"
-        info = meta.get("files", {}).get(split, {})
-        if not f.exists():
-            return f"{f.name} missing"
-        if f.stat().st_size != info.get("bytes") or _sha256(f) != info.get("sha256"):
-            return f"{f.name} truncated or modified"
-    return None
+    return check_built_folder(folder, fingerprint)
 
 
 def ensure_offline_pairs(
@@ -283,45 +269,22 @@ def ensure_offline_pairs(
     max_rows: int | None = None,
     rebuild: bool = False,
 ) -> Path:
-    """The folder of a valid cached build, building (or rebuilding a corrupt one) when needed."""
+    """The folder of a valid cached build (a BGE-layout dataset repo), building or rebuilding it when needed."""
     fp = offline_fingerprint(packages, max_rows)
-    folder = cache_root(cache_dir) / "offline_pairs" / fp
-    problem = "rebuild requested" if rebuild else check_cache(folder, fp)
-    if problem is None:
-        return folder
-    if folder.exists():
-        log.warning("offline pairs cache %s is not usable (%s): rebuilding", folder, problem)
-    else:
-        log.info("building the offline training set (docstrings of %s) into %s", ", ".join(packages), folder)
-    records, report = build_offline_pairs(packages, max_rows=max_rows)
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    # Write into a temp folder and rename: an interrupted build never looks like a valid cache.
-    tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{fp}."))
-    files = {}
-    for split, rows in records.items():
-        path = tmp / f"{split}.jsonl"
-        with open(path, "w", encoding="utf-8") as fh:
-            for r in rows:
-                fh.write(json.dumps(r, ensure_ascii=False) + "\n")
-        files[split] = {"sha256": _sha256(path), "rows": len(rows), "bytes": path.stat().st_size}
-    meta = {"fingerprint": fp, "files": files, "report": report}
-    (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
-    if folder.exists():
-        shutil.rmtree(folder)
-    os.replace(tmp, folder)
-    log.info("offline training set: %s rows in %.1f s", report["rows"], report["build_s"])
-    return folder
+
+    def build() -> tuple[dict[str, list[dict[str, Any]]], None, str, dict[str, Any]]:
+        records, report = build_offline_pairs(packages, max_rows=max_rows)
+        log.info("offline training set: %s rows in %.1f s", report["rows"], report["build_s"])
+        rows = {s: [{**r, "category": CATEGORY, "type": TYPE, "prompt": PROMPT} for r in v] for s, v in records.items()}
+        return rows, None, _CARD.format(packages=", ".join(packages)), report
+
+    return ensure_built_folder(cache_root(cache_dir) / "offline_pairs" / fp, fp, build, rebuild, "offline training set")
 
 
 def offline_report(cache_dir: str | os.PathLike | None = None, max_rows: int | None = None) -> dict[str, Any]:
     """The build report (rows per split, words, build seconds, package versions) of the cached set."""
     folder = ensure_offline_pairs(cache_dir, max_rows=max_rows)
     return json.loads((folder / "meta.json").read_text())["report"]
-
-
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    with open(path, encoding="utf-8") as fh:
-        return [json.loads(line) for line in fh if line.strip()]
 
 
 def load_offline_pairs(
@@ -331,22 +294,20 @@ def load_offline_pairs(
     rebuild: bool = False,
     packages: Sequence[str] = DEFAULT_PACKAGES,
 ) -> datasets.Dataset:
-    """The offline set in BGE format (query, pos, neg, pos_scores, neg_scores, source), cached.
+    """One split of the offline set as stored (the columns of `lmk.data.hub.BGE_COLUMNS`), cached.
 
     `max_rows` bounds the number of docstrings the build extracts (a smaller, separately cached set: for
-    tests), not a slice of the full set.
+    tests), not a slice of the full set. Training reads the same folder through `lmk.data.pairs.load_pairs`
+    (source path ``local``), like any other BGE-format repo.
     """
     if split not in SPLITS:
         raise ValueError(f"offline pairs split {split!r} is not valid; allowed values: {', '.join(SPLITS)}")
     folder = ensure_offline_pairs(cache_dir, packages, max_rows, rebuild)
-    rows = _read_jsonl(folder / f"{split}.jsonl")
-    for r in rows:  # the schema of lmk.data.pairs.FEATURES (+ source)
-        r.setdefault("pos_scores", [])
-        r.setdefault("neg_scores", [])
-    from lmk.data.pairs import FEATURES
+    import pyarrow as pa
+    import pyarrow.parquet as pq
 
-    features = datasets.Features({**FEATURES, "source": datasets.Value("string")})
-    return datasets.Dataset.from_list(rows, features=features)
+    table = pa.concat_tables(pq.read_table(f) for f in sorted((folder / "data").glob(f"{split}-*.parquet")))
+    return datasets.Dataset.from_dict(table.to_pydict(), features=bge_features())
 
 
 def offline_short_corpus(
@@ -367,7 +328,7 @@ def offline_short_corpus(
         keep |= {int(i) for i in rng.choice(rest, size=min(n_docs - len(keep), len(rest)), replace=False)}
     elif n_docs is None:
         keep = set(range(ds.num_rows))
-    corpus = [{"id": f"doc{i}", "text": r["pos"][0], "source": r["source"]} for i, r in enumerate(ds) if i in keep]
+    corpus = [{"id": f"doc{i}", "text": r["pos"][0]} for i, r in enumerate(ds) if i in keep]
     queries = [{"id": f"q{i}", "text": ds[int(i)]["query"]} for i in pick]
     qrels = {f"q{i}": {f"doc{i}": 1} for i in pick}
     return RetrievalCorpus.from_records("LocalShort", "test", corpus, queries, qrels)

@@ -6,13 +6,21 @@ Every record is checked; a bad one raises `PairDataError` naming the file and li
 row), or is counted and skipped when ``skip_bad_rows=True``. Records are normalised to the fixed schema
 `FEATURES` (absent scores / negatives become empty lists) so Arrow can store them.
 
-Files go through `datasets.Dataset.from_generator` keyed by our own fingerprint of the file (path, size,
-head/tail bytes): the validated Arrow copy is cached and memory-mapped, so files larger than memory work;
-``streaming=True`` gives a `datasets.IterableDataset` that validates lazily instead.
+One path for every source (`read_source`): a named source (``local``: the offline default set;
+``replica:bge-full-data``: a replica of the paper's training set) first resolves to the BGE-format folder it
+stands for (built in the cache on first use); a folder or a hub id is then read by
+`datasets.load_dataset(path, name=subset, split=split, data_files=data_files)`, so a local copy of a hub repo
+honours the same keys as the repo; a single file is read row by row here (errors name the line). Rows go
+through the validator into `datasets.Dataset.from_generator`, keyed by our fingerprint of the source (file
+path, size, head/tail bytes; subset / split / data_files): the validated Arrow copy is cached and
+memory-mapped, so data larger than memory work, and the read counts (kept / skipped rows) are stored beside
+it. ``streaming=True`` gives a `datasets.IterableDataset` that validates lazily instead. A source with no
+usable row raises `PairDataError` naming it and why (empty, or every row skipped and for what).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import hashlib
 import io
@@ -20,14 +28,15 @@ import json
 import logging
 import math
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import datasets
 
-from lmk.data.config import LOCAL_SOURCE, SourceConfig
+from lmk.data import offline_pairs, replica
+from lmk.data.config import LOCAL_SOURCE, REPLICA_PREFIX, SourceConfig
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +50,7 @@ FEATURES = datasets.Features(
         "neg_scores": datasets.List(datasets.Value("float32")),
     }
 )
+STATS_VERSION = 2  # part of the Arrow cache key: copies made before read counts were stored are not reused
 _FORMAT_HINT = 'expected one JSON object per line like {"query": str, "pos": [str, ...], "neg": [str, ...]}'
 
 
@@ -60,6 +70,13 @@ class ReadStats:
         self.skipped += 1
         if len(self.reasons) < 5:
             self.reasons.append(reason)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rows": self.rows, "skipped": self.skipped, "reasons": list(self.reasons)}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ReadStats:
+        return cls(rows=int(d["rows"]), skipped=int(d["skipped"]), reasons=list(d.get("reasons", [])))
 
 
 # ------------------------------------------------------------------------------------------ records
@@ -83,7 +100,7 @@ def _text_list(rec: Mapping[str, Any], key: str, where: str, required: bool) -> 
 
 def _scores(rec: Mapping[str, Any], key: str, n: int, where: str) -> list[float]:
     value = rec.get(key)
-    if value is None:
+    if value is None or (isinstance(value, list | tuple) and not value):  # [] = no scores (a parquet column needs a value)
         return []
     if not isinstance(value, list | tuple) or len(value) != n:
         got = len(value) if isinstance(value, list | tuple) else type(value).__name__
@@ -184,17 +201,45 @@ def iter_records(
         yield out
 
 
-def _hub_raw(source: SourceConfig, streaming: bool) -> Iterator[tuple[str, Any]]:
-    ds = load_hub_dataset(source, streaming=streaming)
-    for i, rec in enumerate(ds, start=1):
-        yield f"{source.path}[{source.split}]:row {i}", rec
+# -------------------------------------------------------------------------------------- sources
+def resolve_source(
+    source: SourceConfig | Mapping[str, Any] | str, *, max_rows: int | None = None, cache_dir: str | None = None
+) -> SourceConfig:
+    """A named source (``local``, ``replica:<name>``) as the folder it stands for, built on first use;
+    any other source unchanged. `max_rows` bounds the offline build (a small, separately cached set)."""
+    source = SourceConfig.coerce(source)
+    if source.path == LOCAL_SOURCE:
+        folder = offline_pairs.ensure_offline_pairs(cache_dir, max_rows=max_rows)
+    elif source.path.startswith(REPLICA_PREFIX):
+        folder = replica.replica_folder(source.path[len(REPLICA_PREFIX):], cache_dir)
+    else:
+        return source
+    return dataclasses.replace(source, path=str(folder))
+
+
+def _is_local_path(path: str) -> bool:
+    # A hub id is "owner/name" and never exists on disk; anything with a file suffix is a path too,
+    # so a missing file gets the FileNotFoundError rather than a hub lookup.
+    return Path(path).expanduser().exists() or is_pair_file(path) or path.startswith((".", "/", "~"))
+
+
+def _is_file_source(source: SourceConfig) -> bool:
+    """A single file (read row by row here, errors name the line); folders and hub ids are repos."""
+    return _is_local_path(source.path) and not Path(source.path).expanduser().is_dir()
+
+
+def _label(source: SourceConfig) -> str:
+    extra = "".join(f", {k}={v}" for k in ("subset", "data_files") if (v := getattr(source, k)) is not None)
+    return f"{source.path} [split={source.split}{extra}]"
 
 
 def load_hub_dataset(source: SourceConfig, streaming: bool = False) -> Any:
-    """`datasets.load_dataset` for a hub source, with an error that names the offline alternative."""
+    """`datasets.load_dataset` for a hub id or a local folder (a local copy of a hub repo, or a folder of
+    files), honouring subset / split / data_files / revision; errors name the source and the fix."""
+    local = Path(source.path).expanduser().is_dir()
     try:
         return datasets.load_dataset(
-            source.path,
+            str(Path(source.path).expanduser()) if local else source.path,
             name=source.subset,
             split=source.split,
             data_files=source.data_files,
@@ -202,11 +247,26 @@ def load_hub_dataset(source: SourceConfig, streaming: bool = False) -> Any:
             streaming=streaming,
         )
     except Exception as err:
+        if local:
+            raise PairDataError(
+                f"cannot read the training data folder {_label(source)}: {type(err).__name__}: {str(err)[:400]}. "
+                "Check split / subset / data_files (patterns are relative to the folder)"
+            ) from err
         raise PairDataError(
             f"cannot load training data {source.path!r} (split {source.split!r}) from the Hugging Face hub: "
             f"{type(err).__name__}: {str(err)[:300]}. Offline? Use the offline default set "
-            f"(data=local, path {LOCAL_SOURCE!r}) or a local .jsonl/.parquet file"
+            f"(data=local, path {LOCAL_SOURCE!r}), a local copy of the repo or a local .jsonl/.parquet file"
         ) from err
+
+
+def iter_source(source: SourceConfig, files: Sequence[str] | None = None) -> Iterator[tuple[str, Any]]:
+    """(where, raw record) of a resolved source: a file's rows, or a repo's (folder or hub id) rows."""
+    if _is_file_source(source):
+        for f in files if files is not None else resolve_files(source.path):
+            yield from iter_raw(Path(f))
+        return
+    for i, rec in enumerate(load_hub_dataset(source, streaming=True), start=1):
+        yield f"{_label(source)}:row {i}", rec
 
 
 # ------------------------------------------------------------------------------------- fingerprints
@@ -223,44 +283,105 @@ def file_fingerprint(path: Path) -> str:
     return h.hexdigest()[:16]
 
 
-def source_fingerprint(source: SourceConfig) -> str:
-    """Identity of a source's content: file fingerprints for paths, id/split/revision for hub ids."""
+def source_fingerprint(source: SourceConfig | Mapping[str, Any] | str, max_rows: int | None = None) -> str:
+    """Identity of a source's content and of what is read from it (subset / split / data_files).
+
+    Named sources are identified by their build fingerprint (no build needed), files and folders by
+    their files' fingerprints, hub ids by id and revision.
+    """
+    source = SourceConfig.coerce(source)
+    which = f"{source.subset}:{source.split}:{source.data_files}"
     if source.path == LOCAL_SOURCE:
-        from lmk.data.offline_pairs import offline_fingerprint
-
-        return f"local:{source.split}:{offline_fingerprint()}"
+        return f"local:{source.split}:{offline_pairs.offline_fingerprint(max_rows=max_rows)}"
+    if source.path.startswith(REPLICA_PREFIX):
+        return f"{source.path}:{replica.replica_fingerprint()}:{which}"
     if _is_local_path(source.path):
-        return "+".join(file_fingerprint(f) for f in resolve_files(source.path))
-    return f"hub:{source.path}:{source.subset}:{source.split}:{source.data_files}:{source.revision}"
-
-
-def _is_local_path(path: str) -> bool:
-    # A hub id is "owner/name" and never exists on disk; anything with a file suffix is a path too,
-    # so a missing file gets the FileNotFoundError rather than a hub lookup.
-    return Path(path).expanduser().exists() or is_pair_file(path) or path.startswith((".", "/", "~"))
+        files = "+".join(file_fingerprint(f) for f in resolve_files(source.path))
+        return files if _is_file_source(source) else f"{files}:{which}"
+    return f"hub:{source.path}:{which}:{source.revision}"
 
 
 # -------------------------------------------------------------------------------------------- load
-def _gen(files: list[str], skip_bad_rows: bool, max_rows: int | None) -> Iterator[dict[str, Any]]:
-    stats = ReadStats()
-    for f in files:
-        yield from iter_records(iter_raw(Path(f)), skip_bad_rows, max_rows, stats)
-    _report(files, stats)
-
-
-def _gen_hub(source: dict[str, Any], skip_bad_rows: bool, max_rows: int | None) -> Iterator[dict[str, Any]]:
-    stats = ReadStats()
+def _gen(
+    source: dict[str, Any],
+    files: list[str] | None,
+    n_files: int,
+    skip_bad_rows: bool,
+    max_rows: int | None,
+    stats_path: str | None,
+) -> Iterator[dict[str, Any]]:
+    """Validated rows of one source. `files` is this shard's share of a file source (`datasets` shards the
+    list across stream workers); the emptiness check needs the whole source (all `n_files`)."""
     src = SourceConfig.coerce(source)
-    yield from iter_records(_hub_raw(src, streaming=True), skip_bad_rows, max_rows, stats)
-    _report([src.path], stats)
+    stats = ReadStats()
+    yield from iter_records(iter_source(src, files), skip_bad_rows, max_rows, stats)
+    if stats.rows == 0 and (files is None or len(files) == n_files):
+        raise PairDataError(empty_message(src, stats))
+    if stats_path is None:  # streaming: nothing is cached, report each pass
+        _report(src, stats)
+    else:
+        Path(stats_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(stats_path).write_text(json.dumps(stats.to_dict()))
 
 
-def _report(where: list[str], stats: ReadStats) -> None:
+def empty_message(source: SourceConfig, stats: ReadStats) -> str:
+    why = (
+        f"all {stats.skipped} row(s) were skipped as bad (skip_bad_rows: true); first: {stats.reasons[0]}"
+        if stats.skipped else "it holds no rows"
+    )
+    return f"training source {source.name!r} ({_label(source)}) has no usable rows: {why}. Fix the data or drop the source"
+
+
+def _report(source: SourceConfig, stats: ReadStats) -> None:
     if stats.skipped:
         log.warning(
-            "skipped %d bad row(s) of %s (kept %d); first: %s", stats.skipped, ", ".join(where), stats.rows,
+            "skipped %d bad row(s) of %s (kept %d); first: %s", stats.skipped, _label(source), stats.rows,
             stats.reasons[0],
         )
+
+
+@dataclass
+class LoadedSource:
+    """A loaded source: its rows, the source as read (named sources resolved) and what reading saw
+    (None while streaming: rows are validated lazily)."""
+
+    dataset: datasets.Dataset | datasets.IterableDataset
+    source: SourceConfig
+    stats: ReadStats | None
+
+
+def read_source(
+    source: SourceConfig | Mapping[str, Any] | str,
+    *,
+    skip_bad_rows: bool = False,
+    max_rows: int | None = None,
+    streaming: bool = False,
+    cache_dir: str | None = None,
+) -> LoadedSource:
+    """One source, validated: the same path for named sources, files, folders and hub ids.
+
+    Map-style data are materialised once as a cached Arrow copy keyed by the source's fingerprint; the
+    read counts (kept / skipped rows) are stored beside it, so a cached rerun reports them too.
+    """
+    name_source = SourceConfig.coerce(source)
+    source = resolve_source(name_source, max_rows=max_rows, cache_dir=cache_dir)
+    files = [str(f) for f in resolve_files(source.path)] if _is_file_source(source) else None
+    kwargs = {"source": source.to_dict(), "files": files, "n_files": len(files or ()), "skip_bad_rows": skip_bad_rows,
+              "max_rows": max_rows, "stats_path": None}
+    if streaming:
+        ds = datasets.IterableDataset.from_generator(_gen, features=FEATURES, gen_kwargs=kwargs)
+        return LoadedSource(ds, source, None)
+    fp = hashlib.sha256(
+        f"v{STATS_VERSION}|{source_fingerprint(source)}|{skip_bad_rows}|{max_rows}".encode()
+    ).hexdigest()[:16]
+    stats_path = Path(cache_dir or datasets.config.HF_DATASETS_CACHE) / "lmk_read_stats" / f"{fp}.json"
+    ds = _materialize(_gen, {**kwargs, "stats_path": str(stats_path)}, cache_dir, fp)
+    if stats_path.exists():
+        stats = ReadStats.from_dict(json.loads(stats_path.read_text()))
+    else:  # an Arrow copy whose counts were lost: count again (one pass, nothing cached)
+        stats = count_skipped(source, max_rows=max_rows, skip_bad_rows=skip_bad_rows)
+    _report(source, stats)
+    return LoadedSource(ds, source, stats)
 
 
 def load_pairs(
@@ -272,28 +393,8 @@ def load_pairs(
     cache_dir: str | None = None,
 ) -> datasets.Dataset | datasets.IterableDataset:
     """A validated BGE-format data set for one source (map-style, or iterable when streaming)."""
-    source = SourceConfig.coerce(source)
-    if source.path == LOCAL_SOURCE:
-        from lmk.data.offline_pairs import load_offline_pairs
-
-        # max_rows bounds the build itself (a small, separately cached set), so tests and smoke runs are quick
-        ds = load_offline_pairs(split=source.split, max_rows=max_rows, cache_dir=cache_dir)
-        return ds.to_iterable_dataset() if streaming else ds
-    if _is_local_path(source.path):
-        files = [str(f) for f in resolve_files(source.path)]
-        kwargs = {"files": files, "skip_bad_rows": skip_bad_rows, "max_rows": max_rows}
-        if streaming:
-            return datasets.IterableDataset.from_generator(_gen, features=FEATURES, gen_kwargs=kwargs)
-        fp = hashlib.sha256(
-            f"{source_fingerprint(source)}|{skip_bad_rows}|{max_rows}".encode()
-        ).hexdigest()[:16]
-        return _materialize(_gen, kwargs, cache_dir, fp)
-    # A hub id: stream through the validator; map-style data are cached as Arrow by `datasets`.
-    kwargs = {"source": source.to_dict(), "skip_bad_rows": skip_bad_rows, "max_rows": max_rows}
-    if streaming:
-        return datasets.IterableDataset.from_generator(_gen_hub, features=FEATURES, gen_kwargs=kwargs)
-    fp = hashlib.sha256(f"{source_fingerprint(source)}|{skip_bad_rows}|{max_rows}".encode()).hexdigest()[:16]
-    return _materialize(_gen_hub, kwargs, cache_dir, fp)
+    return read_source(source, skip_bad_rows=skip_bad_rows, max_rows=max_rows, streaming=streaming,
+                       cache_dir=cache_dir).dataset
 
 
 def _materialize(gen: Any, kwargs: dict[str, Any], cache_dir: str | None, fp: str) -> datasets.Dataset:
@@ -312,12 +413,14 @@ def _materialize(gen: Any, kwargs: dict[str, Any], cache_dir: str | None, fp: st
 
 
 def count_skipped(
-    source: SourceConfig | Mapping[str, Any] | str, max_rows: int | None = None
+    source: SourceConfig | Mapping[str, Any] | str,
+    max_rows: int | None = None,
+    skip_bad_rows: bool = True,
+    cache_dir: str | None = None,
 ) -> ReadStats:
-    """Read a local source once without caching and return kept / skipped counts (for stats and tests)."""
-    source = SourceConfig.coerce(source)
+    """Read a source once without caching and return kept / skipped counts (for stats and tests)."""
+    source = resolve_source(source, max_rows=max_rows, cache_dir=cache_dir)
     stats = ReadStats()
-    for f in resolve_files(source.path):
-        for _ in iter_records(iter_raw(f), True, max_rows, stats):
-            pass
+    for _ in iter_records(iter_source(source), skip_bad_rows, max_rows, stats):
+        pass
     return stats
