@@ -341,6 +341,10 @@ def _cross_checks(root: RootConfig) -> None:
     if root.ckpt_path is not None and not isinstance(root.ckpt_path, str):
         raise ConfigError(f"ckpt_path={root.ckpt_path!r} is not valid; allowed values: null, last, a file path")
     t = root.trainer
+    if root.data.streaming and t.max_steps == -1:
+        # A stream repeats forever: an epoch never ends, and the lr schedule (sized by max_steps) would sit at 0.
+        raise ConfigError("data.streaming=true with trainer.max_steps=-1: a stream has no length, so max_epochs "
+                          "never ends an epoch; set trainer.max_steps=<N> (and drop trainer.max_epochs)")
     if root.train.grad_cache and t.accumulate_grad_batches != 1:
         raise ConfigError("train.grad_cache=true with trainer.accumulate_grad_batches>1: grad cache already "
                           "reaches large batches; set trainer.accumulate_grad_batches=1")

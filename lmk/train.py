@@ -176,6 +176,7 @@ def run(cfg: DictConfig) -> float | None:
             update_results(
                 run_dir, status="done", metrics=metrics, timings=timings, wandb=wandb_info(loggers),
                 data_fingerprint=getattr(datamodule, "fingerprint", None),
+                data=getattr(datamodule, "report", None),  # per source: rows kept / skipped as bad
                 checkpoints={"last": str(run_dir / "checkpoints" / "last.ckpt"),
                              "best": ckpt_cb.best_model_path or None, "resumed_from": ckpt},
                 export=str(run_dir / "export") if typed.train.export else None,

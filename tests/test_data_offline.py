@@ -37,15 +37,18 @@ def test_build_small_set(cache):
 
 def test_corrupt_cache_is_rebuilt(cache):
     folder = op.ensure_offline_pairs(cache, max_rows=MAX_ROWS)
-    good = (folder / "train.jsonl").read_bytes()
+    shard = folder / "data" / "train-00000-of-00001.parquet"
+    good = shard.read_bytes()
     stamp = (folder / "meta.json").stat().st_mtime_ns
     time.sleep(0.01)
     assert op.ensure_offline_pairs(cache, max_rows=MAX_ROWS) == folder
     assert (folder / "meta.json").stat().st_mtime_ns == stamp  # intact: not rebuilt
-    (folder / "train.jsonl").write_bytes(good[: len(good) // 2])  # truncated
-    assert op.check_cache(folder, op.offline_fingerprint(max_rows=MAX_ROWS)) == "train.jsonl truncated or modified"
+    shard.write_bytes(good[: len(good) // 2])  # truncated
+    assert op.check_cache(folder, op.offline_fingerprint(max_rows=MAX_ROWS)) == (
+        "data/train-00000-of-00001.parquet truncated or modified")
     ds = op.load_offline_pairs("train", max_rows=MAX_ROWS, cache_dir=cache)
-    assert (folder / "train.jsonl").read_bytes() == good and ds.num_rows == good.count(b"\n")
+    meta = json.loads((folder / "meta.json").read_text())
+    assert shard.read_bytes() == good and ds.num_rows == meta["files"]["data/train-00000-of-00001.parquet"]["rows"]
     meta = json.loads((folder / "meta.json").read_text())
     meta["fingerprint"] = "0" * 16
     (folder / "meta.json").write_text(json.dumps(meta))

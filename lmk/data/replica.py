@@ -50,8 +50,11 @@ from BM25 (bm25s). Built by `lmk.data.replica`. Not the real data: for offline r
 """
 
 
-def replica_fingerprint(rows_per_subset: int = ROWS_PER_SUBSET, seed: int = 0, offline_rows: int | None = OFFLINE_ROWS) -> str:
-    """What a replica is built from: this code's version, its knobs and the offline set's fingerprint."""
+def replica_fingerprint(rows_per_subset: int | None = None, seed: int = 0, offline_rows: int | None = -1) -> str:
+    """What a replica is built from: this code's version, its knobs and the offline set's fingerprint
+    (rows_per_subset None / offline_rows -1: the defaults of the named replica)."""
+    rows_per_subset = ROWS_PER_SUBSET if rows_per_subset is None else rows_per_subset
+    offline_rows = OFFLINE_ROWS if offline_rows == -1 else offline_rows
     payload = {"v": REPLICA_VERSION, "subsets": SUBSETS, "rows": rows_per_subset, "seed": seed,
                "offline": offline_fingerprint(max_rows=offline_rows)}
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
@@ -120,7 +123,8 @@ def replica_folder(name: str, cache_dir: str | os.PathLike | None = None) -> Pat
     """The cache folder of the named replica (``replica:<name>``), built with the defaults when needed."""
     if name != "bge-full-data":
         raise ValueError(f"replica {name!r} is not known; allowed values: bge-full-data")
-    return build_bge_full_data_replica(cache_root(cache_dir) / "replicas" / name, cache_dir=cache_dir)
+    return build_bge_full_data_replica(cache_root(cache_dir) / "replicas" / name, ROWS_PER_SUBSET, 0, OFFLINE_ROWS,
+                                       cache_dir=cache_dir)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
