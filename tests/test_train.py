@@ -76,6 +76,7 @@ def test_cli_end_to_end_with_wandb_offline(tmp_path, pairs):
     assert res["status"] == "done" and res["metrics"]["global_step"] == 3
     assert res["config"]["pooling"]["name"] == "lmk-variable" and "${" not in json.dumps(res["config"])
     assert res["config_hash"] and res["data_fingerprint"] and "fit" in res["timings"]
+    assert res["data"]["pairs.jsonl"] == {"path": str(pairs), "rows": 24, "skipped": 0, "skip_reasons": []}
     assert (run_dir / "checkpoints" / "last.ckpt").exists() and (run_dir / "checkpoints" / "best.ckpt").exists()
     assert losses(run_dir), "metrics.csv has the training loss"
     # W&B: an offline run folder that `wandb sync` accepts, and the sync hint.
