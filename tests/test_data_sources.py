@@ -101,6 +101,8 @@ def test_local_is_a_bge_layout_folder_read_like_any_folder(cache, monkeypatch):
     by_path = load_pairs({"path": str(folder), "split": "train"}, max_rows=OFFLINE_ROWS, cache_dir=str(cache / "hf2"))
     assert [(c.path, c.split, c.data_files) for c in calls] == [(str(folder), "train", None)] * 2
     assert by_name["query"] == by_path["query"] and by_name["neg"] == by_path["neg"] and by_name.num_rows > 300
+    stream = load_pairs({"path": "local"}, max_rows=OFFLINE_ROWS, cache_dir=str(cache), streaming=True)
+    assert [r["query"] for r in stream] == by_name["query"] and len(calls) == 3
 
 
 # ------------------------------------------------------------------------------------------- replica

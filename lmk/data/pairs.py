@@ -295,10 +295,26 @@ def source_fingerprint(source: SourceConfig | Mapping[str, Any] | str, max_rows:
         return f"local:{source.split}:{offline_pairs.offline_fingerprint(max_rows=max_rows)}"
     if source.path.startswith(REPLICA_PREFIX):
         return f"{source.path}:{replica.replica_fingerprint()}:{which}"
+    if _is_file_source(source):
+        return "+".join(file_fingerprint(f) for f in resolve_files(source.path))
     if _is_local_path(source.path):
-        files = "+".join(file_fingerprint(f) for f in resolve_files(source.path))
-        return files if _is_file_source(source) else f"{files}:{which}"
+        return "+".join(file_fingerprint(f) for f in _folder_files(source)) + f":{which}"
     return f"hub:{source.path}:{which}:{source.revision}"
+
+
+def _folder_files(source: SourceConfig) -> list[Path]:
+    """The files of a folder source that its subset / split / data_files select, resolved by `datasets`
+    (the card's configs, the patterns): a clone of a large repo is fingerprinted by what is read only."""
+    folder = Path(source.path).expanduser()
+    if not folder.is_dir():
+        raise FileNotFoundError(f"training data folder {str(folder)!r} does not exist; give an existing folder")
+    try:
+        builder = datasets.load_dataset_builder(str(folder), name=source.subset, data_files=source.data_files)
+        files = builder.config.data_files[source.split]
+    except Exception as err:  # the load reports it with the available splits / subsets
+        log.debug("cannot resolve the files of %s (%s): fingerprinting every file", _label(source), err)
+        return resolve_files(folder)
+    return [Path(f) for f in files]
 
 
 # -------------------------------------------------------------------------------------------- load
