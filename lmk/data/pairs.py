@@ -255,7 +255,8 @@ def load_hub_dataset(source: SourceConfig, streaming: bool = False) -> Any:
         raise PairDataError(
             f"cannot load training data {source.path!r} (split {source.split!r}) from the Hugging Face hub: "
             f"{type(err).__name__}: {str(err)[:300]}. Offline? Use the offline default set "
-            f"(data=local, path {LOCAL_SOURCE!r}), a local copy of the repo or a local .jsonl/.parquet file"
+            f"(data=local, path {LOCAL_SOURCE!r}), a local copy of the repo (path: <folder>, same data_files), "
+            f"data=bge-full-data-replica (path replica:bge-full-data) or a local .jsonl/.parquet file"
         ) from err
 
 
