@@ -224,12 +224,18 @@ def test_empty_source_is_named_with_the_reason(tmp_path):
 def test_skipped_rows_are_recorded_and_survive_a_cached_rerun(tmp_path, caplog):
     path = _write(tmp_path / "some-bad.jsonl", [_good(0), {"query": "q"}, _good(1), {"query": 3, "pos": ["p"]}, _good(2)])
     hf = str(tmp_path / "hf")
-    first = read_source(path, skip_bad_rows=True, cache_dir=hf)
     with caplog.at_level(logging.WARNING, logger="lmk.data.pairs"):
+        first = read_source(path, skip_bad_rows=True, cache_dir=hf)
         cached = read_source(path, skip_bad_rows=True, cache_dir=hf)  # from the Arrow cache: the reader does not run
     for got in (first, cached):
         assert (got.stats.rows, got.stats.skipped) == (3, 2) and "some-bad.jsonl:2" in got.stats.reasons[0]
-    assert any("skipped 2 bad row(s)" in r.getMessage() for r in caplog.records)
+    assert sum("skipped 2 bad row(s)" in r.getMessage() for r in caplog.records) == 1  # one line per process
+    # a rerun (a new process) finds the Arrow copy and still reports the counts
+    code = ("import logging; logging.basicConfig(); from lmk.data.pairs import read_source; "
+            f"s = read_source({path!r}, skip_bad_rows=True, cache_dir={hf!r}).stats; print(s.rows, s.skipped)")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.stdout.split() == ["3", "2"] and "skipped 2 bad row(s)" in proc.stderr, proc.stderr[-2000:]
+    assert "Generating" not in proc.stderr  # read from the cache, not regenerated
     dm = PairDataModule(sources=[{"path": path, "name": "some"}], skip_bad_rows=True, cache_dir=hf)
     before = dm.fingerprint
     dm.setup()

@@ -357,6 +357,9 @@ def _report(source: SourceConfig, stats: ReadStats) -> None:
         )
 
 
+_REPORTED: set[str] = set()
+
+
 @dataclass
 class LoadedSource:
     """A loaded source: its rows, the source as read (named sources resolved) and what reading saw
@@ -397,7 +400,9 @@ def read_source(
         stats = ReadStats.from_dict(json.loads(stats_path.read_text()))
     else:  # an Arrow copy whose counts were lost: count again (one pass, nothing cached)
         stats = count_skipped(source, max_rows=max_rows, skip_bad_rows=skip_bad_rows)
-    _report(source, stats)
+    if fp not in _REPORTED:  # once per process (prepare_data and setup both read), cached or not
+        _REPORTED.add(fp)
+        _report(source, stats)
     return LoadedSource(ds, source, stats)
 
 
