@@ -444,7 +444,7 @@ class PairDataModule(L.LightningDataModule):
         Streaming sources are validated lazily: their counts are only logged."""
         stats = self.read_stats or [None] * len(self.cfg.sources)
         return {
-            s.name: {"path": s.path, "rows": r.rows, "skipped": r.skipped, "skip_reasons": r.reasons[:3]} if r
+            s.name: {"path": s.path, "rows": r.rows, "skipped": r.skipped, "skip_reasons": r.reasons[:3]} if r is not None
             else {"path": s.path, "rows": None, "skipped": None, "skip_reasons": []}
             for s, r in zip(self.cfg.sources, stats, strict=True)
         }
