@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
 import pytest
 
 from lmk.data import longembed as le
@@ -186,3 +187,11 @@ def test_generated_sets_are_pinned():
     assert passkey[256].queries["text"][0] == "what is the passkey for Zesha?"
     assert needle[256].queries["text"][0] == "How long does light from the Sun take to reach the Earth?"
     assert {"passkey": le.fingerprint(passkey), "needle": le.fingerprint(needle)} == PINNED_SMALL
+
+
+# the default sets (8 lengths, seed 0) that evaluation regenerates
+PINNED_DEFAULT = {"passkey": "849767710d57b523", "needle": "885de828c2f6f917"}
+
+
+def test_default_sets_are_pinned(passkey, needle):
+    assert {"passkey": le.fingerprint(passkey), "needle": le.fingerprint(needle)} == PINNED_DEFAULT
