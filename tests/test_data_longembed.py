@@ -127,6 +127,11 @@ def test_needle_facts_are_real_general_knowledge():
         assert n["answer"] in n["fact"], n  # the answer-bearing words are in the fact
         assert n["answer"].lower() not in n["question"].lower(), n  # and the question does not give them
         assert n["question"].endswith("?") and n["fact"].endswith(".")
+    # the answers occur only in their needles, never in the shared background
+    background = " ".join(le.background_words()[0]).lower()
+    assert not [
+        n["answer"] for n in needles if re.search(rf"\b{re.escape(n['answer'].lower())}\b", background)
+    ]
 
 
 def test_needle_documents_share_the_background_from_its_beginning():
@@ -167,12 +172,10 @@ def test_needle_documents_stay_within_about_l_bert_tokens(minilm_tokenizer):
 
 
 def test_background_is_long_enough_for_the_longest_length():
-    words, _ = le.background_words()
-    longest_fact = max(len(n["fact"].split()) for n in le.load_needles())
-    assert len(words) >= le.word_budget(max(le.LENGTHS)) - 1  # every fact has at least one word
-    le.needle_document(
-        "x " * longest_fact, le.word_budget(max(le.LENGTHS)), __import__("numpy").random.default_rng(0)
-    )
+    budget = le.word_budget(max(le.LENGTHS))
+    shortest = min(len(n["fact"].split()) for n in le.load_needles())  # needs the most background
+    text, _ = le.needle_document(" ".join(["fact"] * shortest), budget, np.random.default_rng(0))
+    assert len(text.split()) == budget
     with pytest.raises(ValueError, match="needle_essays.txt"):
         le.generate_needle(lengths=(4 * 50_000,))
 
