@@ -37,6 +37,9 @@ def _make_tokenizer(hf_tokenizer: Any, pooling: PoolingConfig, max_length: int, 
         train_chunk_sizes=tuple(pooling.train_chunk_sizes),
         max_length=max_length,
         seed=seed,
+        language=pooling.language,
+        sentence_splitter=pooling.sentence_splitter,
+        max_sentence_tokens=pooling.max_sentence_tokens,
     )
 
 

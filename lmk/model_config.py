@@ -86,7 +86,13 @@ class EncoderConfig(Coercible):
 
 @dataclass
 class PoolingConfig(Coercible):
-    """One table row: a tokenization strategy + a pooler. `chunk_size` is THE sweep key."""
+    """One table row: a tokenization strategy + a pooler. `chunk_size` is THE sweep key.
+
+    Sentence strategy keys (lmk.sentences): `language` (ISO 639-1 code the splitter works in),
+    `sentence_splitter` (koehn = the authors' English splitter, multilingual = spaCy xx_sent_ud_sm with a
+    sentencex fallback offline, sentencex) and `max_sentence_tokens` (None: a long sentence is never cut,
+    as the authors; an int: a landmark after every that many tokens inside it too).
+    """
 
     name: str = "lmk-fixed"
     strategy: str = "fixed"
@@ -94,6 +100,9 @@ class PoolingConfig(Coercible):
     chunk_size: int = 32
     train_chunk_sizes: list[int] = field(default_factory=lambda: [32, 64, 128, 256])
     pooler_kwargs: dict[str, Any] = field(default_factory=dict)
+    language: str = "en"
+    sentence_splitter: str = "koehn"
+    max_sentence_tokens: int | None = None
     _target_: str | None = None
 
     def __post_init__(self) -> None:
@@ -107,7 +116,9 @@ class PoolingConfig(Coercible):
         if self.pooler == "lmk" and self.strategy == "none":
             # strategy none marks no pooled position: lmk would silently fall back to mean pooling
             allowed = ", ".join(s for s in STRATEGIES if s != "none")
-            raise ValueError(f"{n}: pooler=lmk needs a strategy that marks pooled positions; allowed: {allowed}")
+            raise ValueError(
+                f"{n}: pooler=lmk needs a strategy that marks pooled positions; allowed: {allowed}"
+            )
         if not isinstance(self.chunk_size, int) or isinstance(self.chunk_size, bool) or self.chunk_size < 1:
             raise ValueError(f"{n}.chunk_size={self.chunk_size!r} must be a positive int (e.g. 32, 64, 128)")
         if not self.train_chunk_sizes or not all(
@@ -117,6 +128,22 @@ class PoolingConfig(Coercible):
                 f"{n}.train_chunk_sizes={self.train_chunk_sizes!r} must be a non-empty list of positive ints "
                 "(e.g. [32, 64, 128, 256])"
             )
+        if self.max_sentence_tokens is not None and (
+            not isinstance(self.max_sentence_tokens, int)
+            or isinstance(self.max_sentence_tokens, bool)
+            or self.max_sentence_tokens < 1
+        ):
+            raise ValueError(
+                f"{n}.max_sentence_tokens={self.max_sentence_tokens!r} must be null (never cut a sentence) "
+                "or a positive int"
+            )
+        if self.strategy == "sentence":
+            from lmk.sentences import check_splitter  # the splitter packages load only for this strategy
+
+            try:
+                check_splitter(self.sentence_splitter, self.language)
+            except ValueError as err:
+                raise ValueError(f"{n}(name={self.name!r}): {err}") from None
 
     @property
     def label(self) -> str:

@@ -1,30 +1,57 @@
-"""Sentence splitting for the `sentence` landmark strategy.
+"""Sentence splitting for the `sentence` landmark strategy (method.md sections 1 and 7).
 
-Wraps `sentencex` (a maintained, offline, rule-based splitter for ~250 languages; text without
-punctuation comes back as one sentence). Two adjustments make the pieces safe to tokenize one by one:
+Three splitters, chosen by ``PoolingConfig.sentence_splitter``:
 
-- whitespace between sentences is moved to the *start* of the following sentence, so byte-level BPE
-  tokenizers (ModernBERT, RoBERTa) see " This" exactly as they would inside the whole text;
-- whitespace-only pieces are merged into their neighbour, so they never yield an empty sentence.
-
-The concatenation of the returned pieces is always the input text.
+- ``koehn`` (default, the authors' English splitter): the `sentence-splitter` package, Koehn & Schroeder's
+  heuristic with per-language non-breaking prefixes. It strips the text, collapses runs of spaces and
+  breaks at every newline, so a blank line gives an empty piece (which still gets its landmark). Pieces
+  carry no surrounding whitespace, as in the authors' code.
+- ``multilingual`` (the authors' multilingual splitter): spaCy's ``xx_sent_ud_sm`` where spaCy and that
+  model are installed; otherwise (offline machines: the model is not on PyPI) sentencex for `language`,
+  a rule-based splitter for ~250 languages, with a one-time warning that names the install command.
+- ``sentencex``: sentencex alone, with whitespace kept so that ``"".join(pieces) == text``: whitespace
+  between sentences moves to the start of the next one (byte-level BPE tokenizers then see " This" as
+  inside the whole text) and whitespace-only pieces merge into their neighbour.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+from collections.abc import Callable, Sequence
+from functools import cache, lru_cache
+from importlib import resources
 
 from sentencex import segment
 
 DEFAULT_LANGUAGE = "en"
+SPLITTERS = ("koehn", "multilingual", "sentencex")
+DEFAULT_SPLITTER = "koehn"
+SPACY_MODEL = "xx_sent_ud_sm"
+
+log = logging.getLogger(__name__)
 
 
-def split_sentences(text: str, language: str = DEFAULT_LANGUAGE) -> list[str]:
-    """Split `text` into sentences; `"".join(result) == text`; [] for an empty or blank text."""
-    if not isinstance(text, str):
-        raise ValueError(f"split_sentences expects a str, got {type(text).__name__}")
-    if not text.strip():
-        return []
+@lru_cache(maxsize=1)
+def koehn_languages() -> tuple[str, ...]:
+    """Languages the `sentence-splitter` package ships non-breaking prefixes for (ISO 639-1 codes)."""
+    folder = resources.files("sentence_splitter").joinpath("non_breaking_prefixes")
+    return tuple(sorted(p.name.removesuffix(".txt") for p in folder.iterdir() if p.name.endswith(".txt")))
+
+
+def check_splitter(splitter: str, language: str) -> None:
+    """Raise a ValueError naming the fix when `splitter` cannot split `language`."""
+    if splitter not in SPLITTERS:
+        raise ValueError(f"unknown sentence splitter {splitter!r}; allowed: {', '.join(SPLITTERS)}")
+    if not isinstance(language, str) or not language:
+        raise ValueError(f"language must be a language code such as 'en', got {language!r}")
+    if splitter == "koehn" and language not in koehn_languages():
+        raise ValueError(
+            f"the koehn sentence splitter has no rules for language {language!r}; allowed: "
+            f"{', '.join(koehn_languages())}; for other languages use sentence_splitter: multilingual"
+        )
+
+
+def _sentencex(text: str, language: str) -> list[str]:
     pieces: list[str] = []
     carry = ""  # whitespace waiting to be prepended to the next sentence
     for piece in segment(language, text):
@@ -39,6 +66,62 @@ def split_sentences(text: str, language: str = DEFAULT_LANGUAGE) -> list[str]:
     return pieces
 
 
-def split_batch(texts: Sequence[str], language: str = DEFAULT_LANGUAGE) -> list[list[str]]:
+@cache
+def _koehn(language: str) -> Callable[[str], list[str]]:
+    from sentence_splitter import SentenceSplitter
+
+    return SentenceSplitter(language=language).split
+
+
+@lru_cache(maxsize=1)
+def _spacy_pipeline():  # -> spacy.Language | None
+    try:
+        import spacy
+
+        nlp = spacy.load(SPACY_MODEL)
+    except (ImportError, OSError):
+        log.warning(
+            "sentence_splitter=multilingual: spaCy's %s is not installed, using sentencex instead "
+            "(to match the authors: pip install spacy && python -m spacy download %s)",
+            SPACY_MODEL,
+            SPACY_MODEL,
+        )
+        return None
+    nlp.max_length = 10**8  # the sentence model needs no memory per character beyond the text
+    return nlp
+
+
+def multilingual_backend() -> str:
+    """Which splitter ``multilingual`` uses on this machine: "spacy" or "sentencex"."""
+    return "spacy" if _spacy_pipeline() is not None else "sentencex"
+
+
+def _multilingual(text: str, language: str) -> list[str]:
+    nlp = _spacy_pipeline()
+    if nlp is None:
+        return _sentencex(text, language)
+    pieces = [s.text for s in nlp(text).sents]
+    return pieces or [text]  # as the authors: a text the model returns nothing for stays one piece
+
+
+def split_sentences(
+    text: str, language: str = DEFAULT_LANGUAGE, splitter: str = DEFAULT_SPLITTER
+) -> list[str]:
+    """Split `text` into sentence pieces with `splitter`; [] for an empty or blank text."""
+    if not isinstance(text, str):
+        raise ValueError(f"split_sentences expects a str, got {type(text).__name__}")
+    check_splitter(splitter, language)
+    if not text.strip():
+        return []
+    if splitter == "koehn":
+        return _koehn(language)(text)
+    if splitter == "multilingual":
+        return _multilingual(text, language)
+    return _sentencex(text, language)
+
+
+def split_batch(
+    texts: Sequence[str], language: str = DEFAULT_LANGUAGE, splitter: str = DEFAULT_SPLITTER
+) -> list[list[str]]:
     """`split_sentences` for each text of a batch."""
-    return [split_sentences(t, language) for t in texts]
+    return [split_sentences(t, language, splitter) for t in texts]

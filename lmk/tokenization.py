@@ -24,14 +24,26 @@ import numpy as np
 import torch
 
 from lmk.names import STRATEGIES  # noqa: E402 - one list of names, shared with the torch-free config checks
-from lmk.sentences import DEFAULT_LANGUAGE, split_sentences
+from lmk.sentences import DEFAULT_LANGUAGE, DEFAULT_SPLITTER, check_splitter, split_sentences
 
 # strategies whose pooled positions are inserted landmarks (>= 1 must survive truncation)
 _LANDMARK_STRATEGIES = ("fixed", "variable", "sentence")
-_CONFIG_KEYS = ("strategy", "chunk_size", "train_chunk_sizes", "max_length", "seed", "language")
+_CONFIG_KEYS = (
+    "strategy",
+    "chunk_size",
+    "train_chunk_sizes",
+    "max_length",
+    "seed",
+    "language",
+    "sentence_splitter",
+    "max_sentence_tokens",
+)
 MIN_MAX_LENGTH = 3  # [CLS] + one content token + one landmark
 # sentence strategy: a token spans well under this many characters on average (English ~4.5)
 _CHARS_PER_TOKEN = 8
+# sentence strategy at inference (the authors' eval script): a split whose pieces, joined by spaces, keep
+# less than this share of the stripped text's characters (e.g. indented code) is replaced by the whole text
+_MIN_SPLIT_KEPT = 0.9
 
 
 def _check_positive_int(name: str, value: Any, minimum: int = 1) -> int:
@@ -116,11 +128,18 @@ class LandmarkTokenizer:
       - ``variable``: like fixed, but with ``train=True`` each text draws its own chunk size from
         `train_chunk_sizes` (seeded generator owned here; `reseed`; inside DataLoader workers it is
         re-derived from `seed` and torch's per-worker seed); ``train=False`` uses `chunk_size`.
-      - ``sentence``: a landmark after each sentence (sentencex, `language`); a sentence longer than
-        `chunk_size` tokens gets a landmark after every `chunk_size` tokens of it.
+      - ``sentence``: a landmark after each piece of `sentence_splitter` for `language` (lmk.sentences;
+        an empty piece, from a blank line, still gets one), each piece tokenized on its own. With
+        `max_sentence_tokens` set, a longer piece also gets a landmark after every that many tokens of it
+        (None: never cut, as the authors). At inference (``train=False``) a split that keeps under 90% of
+        the text's characters is replaced by the whole text as one piece (the authors' eval script).
       - ``every_k``: the normal layout, no insertion; pool_mask at positions 0, k, 2k, ... (k = chunk_size).
       - ``multi_cls``: ``[CLS] z1 [CLS] z2 ... [CLS] zn [SEP]``; pool_mask on every CLS (leading one
-        included); the final SEP is not pooled.
+        included); the final SEP is not pooled. A truncated row is cut to max_length - 1 and still ends
+        with the SEP (the authors' eval script).
+
+    Every strategy tokenizes with special-token splitting on: "[SEP]" written in a text stays text and can
+    never inject a landmark, CLS or padding id into its row.
     """
 
     def __init__(
@@ -132,6 +151,8 @@ class LandmarkTokenizer:
         max_length: int = 512,
         seed: int = 0,
         language: str = DEFAULT_LANGUAGE,
+        sentence_splitter: str = DEFAULT_SPLITTER,
+        max_sentence_tokens: int | None = None,
     ) -> None:
         if strategy not in STRATEGIES:
             raise ValueError(f"unknown landmark strategy {strategy!r}; allowed: {', '.join(STRATEGIES)}")
@@ -142,7 +163,15 @@ class LandmarkTokenizer:
         self._seed = _check_positive_int("seed", seed, minimum=0)
         if not isinstance(language, str) or not language:
             raise ValueError(f"language must be a language code such as 'en', got {language!r}")
+        if strategy == "sentence":  # other strategies never split, so any splitter/language pair is fine
+            check_splitter(sentence_splitter, language)
         self._language = language
+        self._splitter = sentence_splitter
+        self._max_sentence_tokens = (
+            None
+            if max_sentence_tokens is None
+            else _check_positive_int("max_sentence_tokens (or null for no cap)", max_sentence_tokens)
+        )
 
         landmark_id = _first_id(tokenizer, "sep_token_id", "eos_token_id")
         cls_id = _first_id(tokenizer, "cls_token_id", "bos_token_id")
@@ -191,6 +220,14 @@ class LandmarkTokenizer:
         return self._language
 
     @property
+    def sentence_splitter(self) -> str:
+        return self._splitter
+
+    @property
+    def max_sentence_tokens(self) -> int | None:
+        return self._max_sentence_tokens
+
+    @property
     def landmark_id(self) -> int:
         return self._landmark_id
 
@@ -217,6 +254,8 @@ class LandmarkTokenizer:
             "max_length": self._max_length,
             "seed": self._seed,
             "language": self._language,
+            "sentence_splitter": self._splitter,
+            "max_sentence_tokens": self._max_sentence_tokens,
         }
 
     @classmethod
@@ -270,7 +309,7 @@ class LandmarkTokenizer:
         if strategy in ("none", "every_k"):
             layout = self._plain_layout(texts, budget)
         elif strategy == "sentence":
-            layout = self._sentence_layout(texts, budget)
+            layout = self._sentence_layout(texts, budget, train)
         else:
             if strategy == "variable" and train:
                 sizes = np.asarray(self._train_chunk_sizes, dtype=np.int64)
@@ -290,6 +329,7 @@ class LandmarkTokenizer:
             max_length=cap,
             return_attention_mask=False,
             return_token_type_ids=False,
+            split_special_tokens=True,  # "[SEP]" in a text is text, not a landmark
         )["input_ids"]
 
     def _content(self, texts: list[str], cap: int) -> tuple[np.ndarray, np.ndarray]:
@@ -337,15 +377,25 @@ class LandmarkTokenizer:
             i_pool = np.ones(len(i_row), bool)
         return _Layout(ids, rows, c_pos, i_row, i_pos, i_id, i_pool, total=1 + n + m, pool_lead=multi_cls)
 
-    def _sentence_ids(self, texts: list[str], budget: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Flat content ids, tokens per sentence and the row of each sentence.
+    def _split(self, text: str, train: bool) -> list[str]:
+        pieces = split_sentences(text, self._language, self._splitter)
+        if not train and pieces:
+            whole = text.strip()
+            if len(" ".join(pieces)) < _MIN_SPLIT_KEPT * len(whole):
+                return [whole]
+        return pieces
 
-        Only a prefix of a text can survive truncation, so the first tokenizer call takes the sentences
+    def _sentence_ids(
+        self, texts: list[str], budget: int, train: bool
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Flat content ids, tokens per sentence piece and the row of each piece.
+
+        Only a prefix of a text can survive truncation, so the first tokenizer call takes the pieces
         that start within `_CHARS_PER_TOKEN * budget` characters of their text; a text that comes out
-        shorter than the budget has its remaining sentences tokenized in a second call. What is left out
+        shorter than the budget has its remaining pieces tokenized in a second call. What is left out
         lies past the budget, so the result is exact, and its cost follows the budget, not the text.
         """
-        sentences = [split_sentences(t, self._language) for t in texts]
+        sentences = [self._split(t, train) for t in texts]
         per_text = np.fromiter(map(len, sentences), dtype=np.int64, count=len(texts))
         flat = list(chain.from_iterable(sentences))
         s_row = np.repeat(np.arange(len(texts)), per_text)
@@ -354,6 +404,9 @@ class LandmarkTokenizer:
         cap = budget - 1
 
         def tokenize(idx: np.ndarray) -> None:
+            idx = idx[[bool(flat[i]) for i in idx.tolist()]]  # an empty piece has no tokens to ask for
+            if not len(idx):
+                return
             enc = self._encode([flat[i] for i in idx], cap)
             for i, token_ids in zip(idx.tolist(), enc):
                 pieces[i] = token_ids
@@ -372,22 +425,24 @@ class LandmarkTokenizer:
         ids = np.fromiter(chain.from_iterable(pieces), dtype=np.int64, count=int(s_len.sum()))
         return ids, s_len, s_row
 
-    def _sentence_layout(self, texts: list[str], budget: int) -> _Layout:
-        ids, s_len, s_row = self._sentence_ids(texts, budget)
+    def _sentence_layout(self, texts: list[str], budget: int, train: bool) -> _Layout:
+        ids, s_len, s_row = self._sentence_ids(texts, budget, train)
         n = np.bincount(s_row, weights=s_len, minlength=len(texts)).astype(np.int64)
         rows, local = _rows_and_local(n)  # the sentences of a text are consecutive in `ids`
 
-        # landmark boundaries: after every chunk_size tokens inside a sentence and at each sentence end
-        g = self._chunk_size
-        keep = s_len > 0  # a sentence with no tokens (e.g. only control chars) gets no landmark
-        s_row, s_len = s_row[keep], s_len[keep]
-        s_start = np.cumsum(s_len) - s_len - (np.cumsum(n) - n)[s_row]  # sentence offset in its text
-        pieces = -(-s_len // g)
-        p_sent, p_local = _rows_and_local(pieces)
-        b_row = s_row[p_sent]
-        b_end = s_start[p_sent] + np.minimum((p_local + 1) * g, s_len[p_sent])
-        # a text without tokens still gets its [LMK] (boundary 0)
-        empty = np.flatnonzero(n == 0)
+        # landmark boundaries: at each piece's end (an empty piece included, as the authors: a blank line
+        # gives two landmarks in a row) and, with a cap, after every `cap` tokens inside a piece
+        s_start = np.cumsum(s_len) - s_len - (np.cumsum(n) - n)[s_row]  # piece offset in its text
+        if self._max_sentence_tokens is None:
+            b_row, b_end = s_row, s_start + s_len
+        else:
+            g = self._max_sentence_tokens
+            parts = np.maximum(1, -(-s_len // g))
+            p_sent, p_local = _rows_and_local(parts)
+            b_row = s_row[p_sent]
+            b_end = s_start[p_sent] + np.minimum((p_local + 1) * g, s_len[p_sent])
+        # a text without pieces (empty or blank) still gets its [LMK] (boundary 0)
+        empty = np.flatnonzero(np.bincount(s_row, minlength=len(texts)) == 0)
         if len(empty):
             b_row = np.concatenate([b_row, empty])
             b_end = np.concatenate([b_end, np.zeros(len(empty), np.int64)])
@@ -440,6 +495,12 @@ class LandmarkTokenizer:
             last = shift[lost] + length[lost] - 1
             ids[lost, last] = self._landmark_id
             pool[lost, last] = True
+        elif self._strategy == "multi_cls":
+            # as the authors: cut to max_length - 1, then the closing SEP (never a CLS as the last token)
+            cut = np.flatnonzero(lay.total > budget)
+            last = shift[cut] + budget - 1
+            ids[cut, last] = self._landmark_id
+            pool[cut, last] = False
         elif self._strategy == "every_k":
             pos = cols[None, :] - shift[:, None]  # position inside the row, padding excluded
             pool = (pos >= 0) & (pos < length[:, None]) & (pos % self._chunk_size == 0)

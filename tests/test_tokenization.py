@@ -60,11 +60,25 @@ def _chunks(ids: list[int], g: int) -> list[list[int]]:
     return [ids[i : i + g] for i in range(0, len(ids), g)]
 
 
-def reference(tok, text: str, strategy: str, g: int, budget: int, cls: int, lmk: int):
-    """Python-loop statement of method.md section 1: insert everything, then truncate, then fix."""
+def reference(
+    tok,
+    text: str,
+    strategy: str,
+    g: int,
+    budget: int,
+    cls: int,
+    lmk: int,
+    splitter: str = "koehn",
+    cap: int | None = None,
+    train: bool = False,
+):
+    """Python-loop statement of method.md sections 1 and 7: insert everything, then truncate, then fix."""
     if strategy == "sentence":
-        pieces = [content_ids(tok, s) for s in split_sentences(text)]
-        chunks = [c for p in pieces if p for c in _chunks(p, g)] or [[]]
+        sentences = split_sentences(text, "en", splitter)
+        if not train and sentences and len(" ".join(sentences)) < 0.9 * len(text.strip()):
+            sentences = [text.strip()]  # the authors' eval script keeps a lossy split's text whole
+        pieces = [content_ids(tok, s) if s else [] for s in sentences]
+        chunks = [c for p in pieces for c in ((_chunks(p, cap) or [[]]) if cap else [p])] or [[]]
     else:
         ids = content_ids(tok, text)
         chunks = _chunks(ids, g) or [[]]
@@ -77,7 +91,8 @@ def reference(tok, text: str, strategy: str, g: int, budget: int, cls: int, lmk:
         for chunk in chunks:
             seq += [cls] + chunk
             pool += [True] + [False] * len(chunk)
-        return (seq + [lmk])[:budget], (pool + [False])[:budget]
+        # the authors' eval script: cut to max_length - 1, then the closing [SEP]
+        return seq[: budget - 1] + [lmk], pool[: budget - 1] + [False]
     seq, pool = [cls], [False]
     for chunk in chunks:
         seq += chunk + [lmk]
@@ -120,7 +135,9 @@ def test_truncation_overwrites_last_token_when_no_landmark_survives(minilm_token
 
 def test_empty_text_is_cls_landmark_and_batch_is_padded(minilm_tokenizer):
     for strategy in ("fixed", "variable", "sentence"):
-        out = LandmarkTokenizer(minilm_tokenizer, strategy, chunk_size=2)([FIVE, "", "   "])
+        out = LandmarkTokenizer(minilm_tokenizer, strategy, chunk_size=2, max_sentence_tokens=2)(
+            [FIVE, "", "   "]
+        )
         assert out["input_ids"].tolist()[1:] == [[CLS, SEP] + [PAD] * 7] * 2, strategy
         assert out["pool_mask"][1].tolist() == [False, True] + [False] * 7
         assert out["attention_mask"][1].tolist() == [1, 1] + [0] * 7
@@ -153,7 +170,7 @@ def test_sentence_layout_and_long_sentence_split(minilm_tokenizer):
         content_ids(minilm_tokenizer, s) for s in ("Hello world.", "Foo bar cat hello world.", "Yes")
     )
     assert len(s1) == 3 and len(s2) == 6 and len(s3) == 1
-    out = LandmarkTokenizer(minilm_tokenizer, "sentence", chunk_size=4)([text])
+    out = LandmarkTokenizer(minilm_tokenizer, "sentence", max_sentence_tokens=4)([text])
     expected = [CLS, *s1, SEP, *s2[:4], SEP, *s2[4:], SEP, *s3, SEP]
     assert out["input_ids"].tolist() == [expected]
     assert out["pool_mask"][0].nonzero().flatten().tolist() == [i for i, t in enumerate(expected) if t == SEP]
@@ -161,7 +178,7 @@ def test_sentence_layout_and_long_sentence_split(minilm_tokenizer):
 
 def test_sentence_without_punctuation_equals_fixed(minilm_tokenizer):
     text = "one two three four five six seven eight nine ten eleven"
-    sent = LandmarkTokenizer(minilm_tokenizer, "sentence", chunk_size=4)([text])
+    sent = LandmarkTokenizer(minilm_tokenizer, "sentence", max_sentence_tokens=4)([text])
     fixed = LandmarkTokenizer(minilm_tokenizer, "fixed", chunk_size=4)([text])
     assert torch.equal(sent["input_ids"], fixed["input_ids"])
     assert torch.equal(sent["pool_mask"], fixed["pool_mask"])
@@ -175,9 +192,14 @@ def test_sentence_long_text_prefix_path_matches_reference(minilm_tokenizer):
         "Short one. Two.",
         "x" * 3000,
     ]
-    lt = LandmarkTokenizer(minilm_tokenizer, "sentence", chunk_size=8, max_length=40)
-    for text, (ids, pool) in zip(texts, rows(lt(texts))):
-        assert (ids, pool) == reference(minilm_tokenizer, text, "sentence", 8, 40, CLS, SEP)
+    for splitter in ("koehn", "sentencex"):
+        lt = LandmarkTokenizer(
+            minilm_tokenizer, "sentence", max_length=40, sentence_splitter=splitter, max_sentence_tokens=8
+        )
+        for text, (ids, pool) in zip(texts, rows(lt(texts))):
+            assert (ids, pool) == reference(
+                minilm_tokenizer, text, "sentence", 8, 40, CLS, SEP, splitter, cap=8
+            )
 
 
 def test_left_padding_mirrors_right_padding(minilm_tokenizer):
@@ -212,7 +234,7 @@ def test_modernbert_like_tokenizer(modernbert_tokenizer):
     assert normal["input_ids"].tolist() == [tok("Hello world. This is it.")["input_ids"]]
     # byte-level BPE: sentences carry their leading space, so the content equals the whole-text tokens
     text = "Hello world. This is it. The sky is blue."
-    ids, pool = rows(LandmarkTokenizer(tok, "sentence", chunk_size=64)([text]))[0]
+    ids, pool = rows(LandmarkTokenizer(tok, "sentence", sentence_splitter="sentencex")([text]))[0]
     content = [t for t in ids[1:] if t != tok.sep_token_id]
     assert content == content_ids(tok, text)
     assert sum(pool) == 3
@@ -323,7 +345,12 @@ def test_matches_naive_reference(minilm_tokenizer, texts, strategy, g, budget, l
 def test_landmark_invariants(minilm_tokenizer, texts, strategy, g, budget, train):
     sizes = (1, 2, 4, 7)
     lt = LandmarkTokenizer(
-        minilm_tokenizer, strategy, chunk_size=g, train_chunk_sizes=sizes, max_length=budget
+        minilm_tokenizer,
+        strategy,
+        chunk_size=g,
+        train_chunk_sizes=sizes,
+        max_length=budget,
+        max_sentence_tokens=g,
     )
     out = lt(texts, train=train)
     assert out["input_ids"].shape[1] <= budget
@@ -366,16 +393,19 @@ def test_landmark_invariants(minilm_tokenizer, texts, strategy, g, budget, train
     ],
 )
 def test_split_sentences_concatenates_back(text):
-    pieces = split_sentences(text)
+    pieces = split_sentences(text, splitter="sentencex")
     assert "".join(pieces) == text or (not text.strip() and pieces == [])
     assert all(p.strip() for p in pieces)
     assert all(not p[-1].isspace() for p in pieces[:-1])  # whitespace moved to the next sentence
 
 
 def test_split_sentences_cases():
-    assert split_sentences("no punctuation at all") == ["no punctuation at all"]
-    assert split_sentences("Hello world. This is it.") == ["Hello world.", " This is it."]
-    assert split_sentences("") == []
+    assert split_sentences("no punctuation at all", splitter="sentencex") == ["no punctuation at all"]
+    assert split_sentences("Hello world. This is it.", splitter="sentencex") == [
+        "Hello world.",
+        " This is it.",
+    ]
+    assert split_sentences("", splitter="sentencex") == []
     with pytest.raises(ValueError, match="str"):
         split_sentences(None)  # type: ignore[arg-type]
 
@@ -436,3 +466,134 @@ def test_tokenizer_without_separator_or_leading_token(bos_eos_tokenizer):
     no_cls.bos_token = None
     with pytest.raises(ValueError, match="neither a CLS nor a BOS.*cls_token or bos_token"):
         LandmarkTokenizer(no_cls)
+
+
+# ------------------------------------------------------------------ the authors' layouts (issue 15)
+TEN = "one two three four five six seven eight nine ten"
+
+
+def test_multi_cls_truncation_ends_with_sep_as_the_authors(minilm_tokenizer):
+    ten = content_ids(minilm_tokenizer, TEN)
+    out = LandmarkTokenizer(minilm_tokenizer, "multi_cls", chunk_size=4, max_length=11)([TEN])
+    # theirs: ([CLS] z1 [CLS] z2 [CLS] z3)[: max_len - 1] + [SEP]; the row never ends on a bare CLS
+    assert out["input_ids"].tolist() == [[CLS, *ten[:4], CLS, *ten[4:8], SEP]]
+    assert out["input_ids"][0, -2:].tolist() == [2809, SEP]
+    assert out["pool_mask"].int().tolist() == [[1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0]]
+    whole = LandmarkTokenizer(minilm_tokenizer, "multi_cls", chunk_size=4, max_length=14)([TEN])
+    assert whole["input_ids"].tolist() == [[CLS, *ten[:4], CLS, *ten[4:8], CLS, *ten[8:], SEP]]
+
+
+def test_sentence_default_is_the_authors_layout(minilm_tokenizer):
+    tok = minilm_tokenizer
+    lt = LandmarkTokenizer(tok, "sentence")
+    assert (lt.sentence_splitter, lt.max_sentence_tokens, lt.language) == ("koehn", None, "en")
+    long = "Then " + "word " * 100 + "end."
+    text = f"Hello world.\n\nThis is it! {long}"
+    ids, pool = rows(lt([text]))[0]
+    # a blank line is an empty piece: two landmarks in a row; the 102-word sentence is never cut
+    h, t, w = (content_ids(tok, s) for s in ("Hello world.", "This is it!", long))
+    assert ids == [CLS, *h, SEP, SEP, *t, SEP, *w, SEP]
+    assert sum(pool) == 4
+    # sentencex merges the blank line into the next sentence: one landmark fewer
+    old = LandmarkTokenizer(tok, "sentence", sentence_splitter="sentencex")
+    assert sum(rows(old([text]))[0][1]) == 3
+
+
+def test_sentence_lossy_split_is_kept_whole_at_inference_only(minilm_tokenizer):
+    # the splitter collapses the run of spaces: the pieces keep under 90% of the text's characters
+    text = "x = 1." + " " * 40 + "Then y."
+    assert split_sentences(text) == ["x = 1.", "Then y."]
+    lt = LandmarkTokenizer(minilm_tokenizer, "sentence")
+    ids, pool = rows(lt([text]))[0]
+    assert sum(pool) == 1 and ids == [CLS, *content_ids(minilm_tokenizer, text), SEP]  # the eval script
+    assert sum(rows(lt([text], train=True))[0][1]) == 2  # the training collator has no such rule
+
+
+def test_sentence_pieces_are_tokenized_stripped_with_byte_level_bpe(modernbert_tokenizer):
+    tok = modernbert_tokenizer
+    text = "Hello world. This is it."
+    ids, pool = rows(LandmarkTokenizer(tok, "sentence")([text]))[0]
+    sep = tok.sep_token_id
+    # as the authors: each splitter piece alone, so "This" loses the leading-space form it has in context
+    assert ids == [
+        tok.cls_token_id,
+        *content_ids(tok, "Hello world."),
+        sep,
+        *content_ids(tok, "This is it."),
+        sep,
+    ]
+
+
+def test_language_reaches_the_splitter_from_the_pooling_config(minilm_tokenizer):
+    from omegaconf import OmegaConf
+
+    from lmk.model import _make_tokenizer
+    from lmk.model_config import PoolingConfig
+
+    text = "Er kam am 3. Oktober an. Dann ging er."  # "3." ends no sentence in German
+    yaml = OmegaConf.load("conf/pooling/lmk-sentence.yaml")
+    cfg = PoolingConfig.coerce(OmegaConf.merge(yaml, {"language": "de"}))
+    assert (cfg.sentence_splitter, cfg.max_sentence_tokens) == ("koehn", None)
+    lt = _make_tokenizer(minilm_tokenizer, cfg, 64, 0)
+    assert (lt.language, lt.sentence_splitter) == ("de", "koehn")
+    assert sum(rows(lt([text]))[0][1]) == 2
+    english = _make_tokenizer(minilm_tokenizer, PoolingConfig.coerce(yaml), 64, 0)
+    assert english.language == "en" and sum(rows(english([text]))[0][1]) == 3
+    capped = _make_tokenizer(
+        minilm_tokenizer, PoolingConfig.coerce(OmegaConf.merge(yaml, {"max_sentence_tokens": 2})), 64, 0
+    )
+    assert capped.max_sentence_tokens == 2 and sum(rows(capped([text]))[0][1]) > 3
+    again = LandmarkTokenizer.from_config(minilm_tokenizer, json.loads(json.dumps(lt.config())))
+    assert again.config() == lt.config()
+
+
+def test_multilingual_splitter_works_offline():
+    from lmk.sentences import multilingual_backend
+
+    text = "今天天气很好。我们去公园吧！"
+    pieces = split_sentences(text, "zh", "multilingual")
+    assert pieces == ["今天天气很好。", "我们去公园吧！"]
+    if multilingual_backend() == "sentencex":  # spaCy's xx_sent_ud_sm is not installed here
+        assert pieces == split_sentences(text, "zh", "sentencex")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"language": "zh"}, "no rules for language 'zh'.*sentence_splitter: multilingual"),
+        ({"sentence_splitter": "nltk"}, "allowed: koehn, multilingual, sentencex"),
+        ({"max_sentence_tokens": 0}, "max_sentence_tokens"),
+    ],
+)
+def test_bad_sentence_options(minilm_tokenizer, kwargs, match):
+    from lmk.model_config import PoolingConfig
+
+    with pytest.raises(ValueError, match=match):
+        LandmarkTokenizer(minilm_tokenizer, "sentence", **kwargs)
+    with pytest.raises(ValueError, match=match):
+        PoolingConfig(name="lmk-sentence", strategy="sentence", **kwargs)
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_literal_special_tokens_stay_text(minilm_tokenizer, strategy):
+    text = "hello [SEP] world [PAD] foo [CLS] bar [MASK] cat [UNK]"
+    lt = LandmarkTokenizer(minilm_tokenizer, strategy, chunk_size=4)
+    ids, pool = rows(lt([text]))[0]
+    content = minilm_tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+    assert not {PAD, SEP, CLS, 100, 103} & set(content)
+    # the only special ids are those the layout put there: no landmark, pad or CLS injected by the text
+    assert [t for t in ids if t not in (CLS, SEP)] == content
+    assert PAD not in ids
+    if strategy in ("fixed", "variable", "sentence"):
+        assert ids.count(SEP) == sum(pool) == (1 if strategy == "sentence" else -(-len(content) // 4))
+        assert ids.count(CLS) == 1
+    elif strategy == "multi_cls":
+        assert ids.count(SEP) == 1 and ids.count(CLS) == sum(pool) == -(-len(content) // 4)
+    else:
+        assert ids.count(SEP) == 1 and ids.count(CLS) == 1
+
+
+def test_literal_special_tokens_stay_text_with_a_fast_bpe_tokenizer(modernbert_tokenizer):
+    tok = modernbert_tokenizer
+    ids, pool = rows(LandmarkTokenizer(tok, "fixed", chunk_size=1000)(["Hello [SEP] world [PAD]"]))[0]
+    assert ids.count(tok.sep_token_id) == sum(pool) == 1 and tok.pad_token_id not in ids

@@ -5,23 +5,26 @@ query with exactly one relevant document; a document has at most floor(0.75 * L)
 
 - passkey: the filler "The grass is green. ... There and back again." repeated around one inserted
   line "{Name}'s pass key is {key}. Remember it. {key} is the pass key for {Name}." at a random sentence
-  boundary; every document has its own person name (Faker, seeded) and 5-digit key; query
-  "What is the pass key for {Name}?".
-- needle: a window of real prose (the standard library's `pydoc_data.topics`) with one (fact, question)
-  pair of `lmk/resources/needles.json` inserted at a random sentence boundary; every document of a length
-  has its own fact; query = the question.
+  boundary; every document has its own first name (drawn from the list shipped in
+  `lmk/resources/passkey_names.txt`, so no package upgrade can change the data) and 5-digit key; query
+  "what is the passkey for {name}?" as in the real mteb rows (lower case, "passkey" one word).
+- needle: as LongEmbed, every document of a length is the beginning of the same essay text (the project's
+  own essays, `lmk/resources/needle_essays.txt`) cut to the word budget, with one fact of
+  `lmk/resources/needles.json` (real general-knowledge facts) inserted at a random sentence boundary;
+  only the fact and its position differ between documents. Query = the fact's question.
 
 Every document and query records the needle's ``depth`` (0 = start, 1 = end: words before the needle /
 words of filler) and the ``length``. Output: {L: RetrievalCorpus(split=f"test_{L}")} (mteb's LEMB split
 names). Deterministic for a seed; each length is seeded on its own, so asking for fewer lengths gives
-the same documents for those lengths.
+the same documents for those lengths. `fingerprint(tasks)` hashes a generated set (tests pin it).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from importlib import resources
 from typing import Any
@@ -34,7 +37,7 @@ from lmk.data.retrieval import RetrievalCorpus
 LENGTHS: tuple[int, ...] = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
 PASSKEY_LINE = "{name}'s pass key is {key}. Remember it. {key} is the pass key for {name}."
-PASSKEY_QUERY = "What is the pass key for {name}?"
+PASSKEY_QUERY = "what is the passkey for {name}?"
 _FILLER_SENTENCES = [s.strip() + "." for s in FILLER.split(".") if s.strip()]
 
 
@@ -54,11 +57,15 @@ def _check(lengths: Sequence[int], n_docs: int, n_queries: int, max_docs: int | 
     if not 1 <= n_queries <= n_docs:
         raise ValueError(f"n_queries={n_queries} is not valid; allowed values: 1..n_docs ({n_docs})")
     if max_docs is not None and n_docs > max_docs:
-        raise ValueError(f"n_docs={n_docs} is not valid; allowed values: 1..{max_docs} (one fact per document)")
+        raise ValueError(
+            f"n_docs={n_docs} is not valid; allowed values: 1..{max_docs} (one fact per document)"
+        )
     return lengths
 
 
-def _insert(words: list[str], boundaries: list[int], insert: list[str], rng: np.random.Generator) -> tuple[str, float]:
+def _insert(
+    words: list[str], boundaries: list[int], insert: list[str], rng: np.random.Generator
+) -> tuple[str, float]:
     """Insert `insert` at a random boundary of `words`; return the text and depth in [0, 1]."""
     k = int(boundaries[int(rng.integers(len(boundaries)))])
     depth = k / len(words) if words else 0.0
@@ -66,7 +73,12 @@ def _insert(words: list[str], boundaries: list[int], insert: list[str], rng: np.
 
 
 def _corpus(
-    name: str, length: int, docs: list[dict[str, Any]], questions: list[str], rng: np.random.Generator, n_queries: int
+    name: str,
+    length: int,
+    docs: list[dict[str, Any]],
+    questions: list[str],
+    rng: np.random.Generator,
+    n_queries: int,
 ) -> RetrievalCorpus:
     chosen = sorted(int(i) for i in rng.choice(len(docs), size=n_queries, replace=False))
     queries, qrels = [], {}
@@ -77,20 +89,37 @@ def _corpus(
     return RetrievalCorpus.from_records(name, split_name(length), docs, queries, qrels)
 
 
-# ------------------------------------------------------------------------------------------ passkey
-def _names(n: int, seed: int) -> list[str]:
-    from faker import Faker
+def _resource(name: str) -> str:
+    return resources.files("lmk").joinpath(f"resources/{name}").read_text(encoding="utf-8")
 
-    fake = Faker("en_US")
-    fake.seed_instance(seed)
-    out: list[str] = []
-    seen: set[str] = set()
-    while len(out) < n:  # first + last name: no "Dr." / "MD" decorations, unique per length
-        name = f"{fake.first_name()} {fake.last_name()}"
-        if name not in seen:
-            seen.add(name)
-            out.append(name)
-    return out
+
+def fingerprint(tasks: Mapping[int, RetrievalCorpus]) -> str:
+    """A content hash of a generated set (every length's ids, texts and qrels), to notice any change."""
+    h = hashlib.sha256()
+    for length in sorted(tasks):
+        rc = tasks[length]
+        h.update(f"{length}|{rc.name}|{rc.split}\n".encode())
+        for part in (rc.corpus, rc.queries):
+            for ident, text in zip(part["id"], part["text"], strict=True):
+                h.update(f"{ident}\t{text}\n".encode())
+        for qid in sorted(rc.qrels):
+            h.update(f"{qid}:{sorted(rc.qrels[qid].items())}\n".encode())
+    return h.hexdigest()[:16]
+
+
+# ------------------------------------------------------------------------------------------ passkey
+@lru_cache(maxsize=1)
+def load_passkey_names() -> tuple[str, ...]:
+    """The shipped list of unusual first names (lmk/resources/passkey_names.txt), in file order."""
+    lines = (line.strip() for line in _resource("passkey_names.txt").splitlines())
+    return tuple(line for line in lines if line and not line.startswith("#"))
+
+
+def _names(n: int, rng: np.random.Generator) -> list[str]:
+    names = load_passkey_names()
+    if n > len(names):
+        raise ValueError(f"n_docs={n} is not valid; allowed values: 1..{len(names)} (one name per document)")
+    return [names[int(i)] for i in rng.choice(len(names), size=n, replace=False)]
 
 
 def passkey_document(name: str, key: int, budget: int, rng: np.random.Generator) -> tuple[str, float]:
@@ -117,9 +146,9 @@ def generate_passkey(
 ) -> dict[int, RetrievalCorpus]:
     """LongEmbed passkey: {length: RetrievalCorpus} with split names "test_{length}"."""
     out = {}
-    for length in _check(lengths, n_docs, n_queries):
+    for length in _check(lengths, n_docs, n_queries, max_docs=len(load_passkey_names())):
         rng = np.random.default_rng([seed, length, 1])
-        names = _names(n_docs, seed * 1_000_003 + length)
+        names = _names(n_docs, rng)
         keys = [int(k) for k in rng.choice(np.arange(10_000, 100_000), size=n_docs, replace=False)]
         docs, questions = [], []
         for i, (name, key) in enumerate(zip(names, keys, strict=True)):
@@ -133,43 +162,39 @@ def generate_passkey(
 # ------------------------------------------------------------------------------------------- needle
 @lru_cache(maxsize=1)
 def load_needles() -> tuple[dict[str, str], ...]:
-    """The project's 100 (fact, question) pairs (lmk/resources/needles.json)."""
-    text = resources.files("lmk").joinpath("resources/needles.json").read_text(encoding="utf-8")
-    pairs = json.loads(text)
-    return tuple({"fact": p["fact"], "question": p["question"]} for p in pairs)
+    """The project's 100 needles (lmk/resources/needles.json): topic, fact, question and the answer
+    (a span of the fact)."""
+    keys = ("topic", "fact", "question", "answer")
+    return tuple({k: p[k] for k in keys} for p in json.loads(_resource("needles.json")))
 
 
 _SENTENCE_END = re.compile(r"[.!?][\"')]?$")
 
 
 @lru_cache(maxsize=1)
-def haystack_words() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Words of the pydoc topics (sorted by topic, whitespace-normalised), a flag per word that ends a
-    sentence, and the sentence-start indices."""
-    from pydoc_data.topics import topics
-
-    words: list[str] = []
-    for key in sorted(topics):
-        words += topics[key].split()
-    ends = np.array([bool(_SENTENCE_END.search(w)) for w in words])
-    starts = np.concatenate([[0], np.flatnonzero(ends[:-1]) + 1])
-    return np.array(words, dtype=object), ends, starts
+def background_words() -> tuple[tuple[str, ...], np.ndarray]:
+    """Words of the needle background (lmk/resources/needle_essays.txt, whitespace-normalised) and the
+    word counts after which a sentence ends (the boundaries a needle may be inserted at, 0 included)."""
+    words = tuple(_resource("needle_essays.txt").split())
+    ends = np.flatnonzero([bool(_SENTENCE_END.search(w)) for w in words]) + 1
+    return words, np.concatenate([[0], ends])
 
 
 def needle_document(fact: str, budget: int, rng: np.random.Generator) -> tuple[str, float]:
-    """A window of haystack prose starting at a sentence start, with `fact` inserted at a sentence boundary."""
-    hay, ends, starts = haystack_words()
+    """The beginning of the background, cut so that it and `fact` fill `budget` words, with `fact`
+    inserted at a random sentence boundary."""
+    words, ends = background_words()
     needle = fact.split()
     room = budget - len(needle)
     if room < 0:
         raise ValueError(f"a word budget of {budget} cannot hold the fact ({len(needle)} words)")
-    start = int(starts[int(rng.integers(len(starts)))])
-    idx = (start + np.arange(room)) % len(hay)  # wraps around for windows longer than the haystack
-    words = hay[idx].tolist()
-    boundaries = [0, *(np.flatnonzero(ends[idx]) + 1).tolist()]
-    if boundaries[-1] != len(words):
-        boundaries.append(len(words))
-    return _insert(words, boundaries, needle, rng)
+    if room > len(words):
+        raise ValueError(
+            f"a word budget of {budget} needs {room} background words but lmk/resources/needle_essays.txt "
+            f"has {len(words)}; allowed: lengths up to {4 * (len(words) + len(needle)) // 3} (or add text)"
+        )
+    boundaries = ends[ends <= room].tolist()
+    return _insert(list(words[:room]), boundaries, needle, rng)
 
 
 def generate_needle(
