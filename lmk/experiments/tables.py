@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lmk.experiments.spec import Column, Row, TableSpec, load_spec
 from lmk.results import STATUS_DONE, read_results
-from lmk.table_spec import Column, Row, TableSpec, load_spec
 
 log = logging.getLogger(__name__)
 BLOCKS = ("train", "zeroshot")  # sub-folders of a sweep folder: fine-tuned rows, untrained rows

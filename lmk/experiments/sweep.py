@@ -26,7 +26,7 @@ from pathlib import Path
 
 import yaml
 
-from lmk.table_spec import Row, Scale, load_spec, validate_spec
+from lmk.experiments.spec import Row, Scale, load_spec, validate_spec
 
 # Each entry point's structured-config check, run on every job before the sweep launches.
 VALIDATORS = {"lmk.train": "lmk.config.validate", "lmk.evaluate": "lmk.evaluate.validate_config"}
@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[lmk.sweep] dry run: jobs in {out / name / 'jobs.json'}")
         return 0
 
-    from lmk.tables import aggregate
+    from lmk.experiments.tables import aggregate
 
     try:
         _, paths = aggregate(args.spec, args.scale, out, args.with_optional)
