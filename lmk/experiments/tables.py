@@ -177,7 +177,9 @@ def build_table(spec: TableSpec, scale_name: str, runs: dict[str, dict[str, RunR
             cells: dict[str, Cell] = {}
             for col in scale.columns:
                 if rec is None or rec.status != STATUS_DONE:
-                    cells[col.group] = Cell(None, run_dir=str(rec.run_dir) if rec else None)
+                    # a failed row keeps its provenance: its results.json names the commit and config hash
+                    cells[col.group] = Cell(None, str(rec.run_dir), rec.git_commit, rec.config_hash) if rec \
+                        else Cell(None)
                     continue
                 cell = Cell(rec.groups.get(col.group), str(rec.run_dir), rec.git_commit, rec.config_hash)
                 if base is not None and row.id != spec.baseline and base.status == STATUS_DONE:
