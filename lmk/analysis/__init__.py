@@ -12,7 +12,9 @@ Three probes, each a plain function over an `EmbeddingModel` (the notebook
 3. `position` - `position_similarity` + `position_curve`: cosine between a long document's pooled
    embedding and the embedding of each of its chunks alone, against the chunk's relative position.
 
-`runs` loads the models to compare (trained runs or untrained encoders), `plots` draws the results.
+`lengths` reads a Table 2 sweep's per-query scores into score vs document length per pooling (the
+paper's Figure 1 view, nothing re-encoded). `runs` picks the models to compare (the latest
+`make reproduce-table2` runs, else untrained encoders), `plots` draws the results.
 Everything is re-exported here, so `from lmk import analysis as an; an.attention_profile(...)` works.
 """
 
@@ -38,34 +40,42 @@ from lmk.analysis.evidence import (
     sensitivity_tables,
     synthetic_corpora,
 )
+from lmk.analysis.lengths import length_curves, length_scores, split_length
 from lmk.analysis.plots import (
     plot_attention_profile,
     plot_attention_profiles,
     plot_depth_length_heatmap,
     plot_depth_length_heatmaps,
+    plot_length_scores,
     plot_position_similarity,
     save_figure,
 )
 from lmk.analysis.position import position_curve, position_similarity, similarity_curves
-from lmk.analysis.runs import load_models
+from lmk.analysis.runs import ModelChoice, choose_models, latest_table2_sweep, load_models, trained_runs
 
 __all__ = [
     "PROBE_ATTN",
     "ROW_KINDS",
     "TASKS",
     "AttentionProfile",
+    "ModelChoice",
     "attention_profile",
     "bin_attention",
     "bin_centers",
+    "choose_models",
     "depth_bins",
     "depth_length_table",
     "evidence_position_sensitivity",
+    "latest_table2_sweep",
+    "length_curves",
+    "length_scores",
     "load_models",
     "long_texts",
     "plot_attention_profile",
     "plot_attention_profiles",
     "plot_depth_length_heatmap",
     "plot_depth_length_heatmaps",
+    "plot_length_scores",
     "plot_position_similarity",
     "pooled_rows",
     "pooling_kind",
@@ -77,5 +87,7 @@ __all__ = [
     "save_figure",
     "sensitivity_tables",
     "similarity_curves",
+    "split_length",
     "synthetic_corpora",
+    "trained_runs",
 ]

@@ -122,6 +122,35 @@ def plot_position_similarity(
     return fig
 
 
+def plot_length_scores(curves: pd.DataFrame, block: str = "train", title: str | None = None) -> Figure:
+    """Score against document length, one line per pooling row (+/- standard error), one panel per task.
+
+    curves: `length_curves(length_scores(sweep))`. The x axis is logarithmic (lengths double).
+    """
+    if curves.empty:
+        raise ValueError("curves is empty: the sweep has no per-query scores of a length task (test_<L> splits)")
+    data = curves[curves["block"] == block] if "block" in curves.columns else curves
+    if data.empty:
+        raise ValueError(f"no curves for block {block!r}; blocks: {sorted(curves['block'].unique())}")
+    tasks = sorted(data["task"].unique())
+    fig, axes = _grid(len(tasks), ncols=len(tasks), size=(4.6, 3.4))
+    for ax, task in zip(axes, tasks, strict=True):
+        part = data[data["task"] == task]
+        for row, c in part.groupby("row", sort=False):
+            c = c.sort_values("length")
+            ax.errorbar(c["length"], 100 * c["mean"], yerr=100 * c["sem"], marker="o", ms=3, capsize=2, label=row)
+        lengths = sorted(part["length"].unique())
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(lengths, [str(n) for n in lengths])
+        ax.set_ylim(-2, 102)
+        ax.set_xlabel("document length (tokens)")
+        ax.set_ylabel("score x100")
+        ax.set_title(task, fontsize=9)
+    axes[0].legend(fontsize=7)
+    fig.suptitle(title or "score vs document length per pooling", fontsize=10)
+    return fig
+
+
 def save_figure(fig: Figure, fig_dir: str | Path, name: str, dpi: int = 120) -> Path:
     """Write `fig` as `<fig_dir>/<name>.png` (folders created) and return the path."""
     out = Path(fig_dir)
