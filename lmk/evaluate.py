@@ -183,4 +183,6 @@ def main(cfg: DictConfig) -> float | None:
 
 
 if __name__ == "__main__":
-    main()
+    from lmk.cli import run_app
+
+    run_app(main, "evaluate")  # a command line that does not compose: one line, not Hydra's report

@@ -62,8 +62,18 @@ def test_config_error_is_one_line(tmp_path: Path, module: str, overrides: list[s
     assert full.returncode != 0 and "Traceback" in full.stderr and names in full.stderr
 
 
-def test_hydra_composition_error_has_no_traceback(tmp_path: Path) -> None:
-    # Hydra reports its own composition errors (a key not in the config) as a message, never a trace.
-    proc = run("lmk.train", "experiment=tiny", "pooling.chunk_sise=3", f"hydra.run.dir={tmp_path / 'run'}")
+@pytest.mark.parametrize(("module", "override", "expected"), [
+    ("lmk.train", "pooling.chunk_sise=3", ["Could not override 'pooling.chunk_sise'", "not in struct"]),
+    ("lmk.train", "pooling=meen", ["Could not find 'pooling/meen'", "available options in 'pooling'", "lmk-fixed"]),
+    ("lmk.evaluate", "eval.batch_sise=3", ["Could not override 'eval.batch_sise'"]),
+])
+def test_hydra_composition_error_is_one_line(tmp_path: Path, module: str, override: str, expected: list[str]) -> None:
+    args = ["experiment=tiny"] if module == "lmk.train" else ["model=null", "eval=table2-tiny"]
+    args += [override, f"hydra.run.dir={tmp_path / 'run'}"]
+    proc = run(module, *args)
     assert proc.returncode != 0
-    assert "chunk_sise" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert all(text in proc.stderr for text in expected), proc.stderr
+    assert "To append to your config" not in proc.stderr  # Hydra's advice, wrong for a typo
+    full = run(module, *args, env={**ENV, "HYDRA_FULL_ERROR": "1"})  # Hydra's own report, in full
+    assert full.returncode != 0 and "Traceback" in full.stderr
