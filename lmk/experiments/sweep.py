@@ -63,7 +63,7 @@ def zero_shot_rows(rows: list[Row]) -> list[Row]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Run a paper table's sweep and aggregate it.")
+    parser = argparse.ArgumentParser(prog="python -m lmk.sweep", description="Run a paper table's sweep and aggregate it.")
     parser.add_argument("spec")
     parser.add_argument("--scale", default="mini")
     parser.add_argument("--out", default=None, help="sweep folder (default outputs/<table>/<scale>)")

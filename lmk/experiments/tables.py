@@ -340,7 +340,7 @@ def aggregate(spec_path: str | Path, scale: str, out: str | Path, with_optional:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m lmk.tables", description=__doc__.splitlines()[0])
     parser.add_argument("spec")
     parser.add_argument("--scale", default="mini")
     parser.add_argument("--out", required=True, help="the sweep folder (holds train/ and zeroshot/)")
