@@ -47,7 +47,7 @@ table2: install
 	$(PY) -m lmk.tables experiments/table2/spec.yaml --scale $(SCALE) --out $(OUT)/table2/$(SCALE)
 
 notebooks: install
-	$(PY) -m lmk.notebooks --out $(OUT)/notebooks $(if $(THREADS),--threads $(THREADS),)
+	$(PY) -m lmk.notebooks --out $(OUT)/notebooks --param table2_root=$(abspath $(OUT))/table2 $(if $(THREADS),--threads $(THREADS),)
 
 bench: install
 	$(PY) -m benchmarks.run --size full --out $(OUT)/bench

@@ -16,14 +16,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Union
 
+from hydra.errors import CompactHydraException
+
 PRECISIONS = ("32", "32-true", "64", "64-true", "16", "16-mixed", "bf16", "bf16-mixed", "16-true", "bf16-true",
               "transformer-engine")
 ACCELERATORS = ("cpu", "gpu", "cuda", "mps", "tpu", "auto")
 LOGGERS = ("wandb", "csv", "none")
 
 
-class ConfigError(ValueError):
-    """A bad config value or key; the message names the key, the value and what is allowed."""
+class ConfigError(CompactHydraException, ValueError):
+    """A bad config value or key; the message names the key, the value and what is allowed.
+
+    A Hydra "compact" error: Hydra prints its message alone (no traceback) unless HYDRA_FULL_ERROR=1.
+    """
 
 
 # ---- sections owned here -----------------------------------------------------------------------

@@ -101,18 +101,23 @@ def _pooling_overridden() -> bool:
 
 def validate_config(cfg: DictConfig) -> None:
     """Check an evaluate config without loading anything (the row sweeper calls this per job)."""
+    from lmk.config import ConfigError
     from lmk.model_config import EncoderConfig, PoolingConfig
 
-    EvalConfig.from_cfg(cfg.eval)
-    if cfg.get("encoder") is not None:
-        EncoderConfig.coerce(cfg.encoder)
-    if cfg.get("pooling") is not None:
-        PoolingConfig.coerce(cfg.pooling)
+    checks = [("eval", EvalConfig.from_cfg), ("encoder", EncoderConfig.coerce), ("pooling", PoolingConfig.coerce)]
+    for key, check in checks:
+        if cfg.get(key) is None:
+            continue
+        try:
+            check(cfg[key])
+        except (ValueError, TypeError) as err:  # one line on the console, not a traceback (ConfigError)
+            raise ConfigError(str(err) if str(err).startswith(f"{key}.") else f"{key}: {err}") from err
 
 
 def run(cfg: DictConfig, run_dir: str | os.PathLike | None = None, cross_pooling: bool | None = None) -> dict[str, Any]:
     """Evaluate per `cfg` (the composed evaluate config); returns the eval section written to results.json."""
-    eval_cfg = EvalConfig.from_cfg(cfg.eval)  # bad values fail here, before loading anything
+    validate_config(cfg)  # bad values fail here, before loading anything
+    eval_cfg = EvalConfig.from_cfg(cfg.eval)
     if run_dir is None:
         from hydra.core.hydra_config import HydraConfig
 
@@ -178,4 +183,6 @@ def main(cfg: DictConfig) -> float | None:
 
 
 if __name__ == "__main__":
-    main()
+    from lmk.cli import run_app
+
+    run_app(main, "evaluate")  # a command line that does not compose: one line, not Hydra's report

@@ -163,8 +163,9 @@ def run(cfg: DictConfig) -> float | None:
         rank_zero = trainer.is_global_zero
         if rank_zero and typed.train.export:
             from lmk.export import export_sentence_transformers
+            from lmk.loggers import quiet_progress_bars
 
-            with timer.section("export"):
+            with timer.section("export"), quiet_progress_bars():
                 export_sentence_transformers(model, run_dir / "export")
         if rank_zero:
             timings = dict(timer.timings)
@@ -205,4 +206,6 @@ def main(cfg: DictConfig) -> float | None:
 
 
 if __name__ == "__main__":
-    main()
+    from lmk.cli import run_app
+
+    run_app(main, "train")  # a command line that does not compose: one line, not Hydra's report

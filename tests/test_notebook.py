@@ -142,6 +142,8 @@ def test_attention_notebook_executes_top_to_bottom_at_tiny_size(tmp_path, monkey
         "chunk_words=12",
         "--param",
         "max_length=96",
+        "--param",
+        f"table2_root={str(tmp_path / 'no-sweeps')!r}",  # hermetic: the untrained fallback, whatever outputs/ holds
         str(NOTEBOOK),
     ]
     assert nbr.main(argv) == 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -68,6 +69,33 @@ def test_bad_row_fails_before_training(tmp_path: Path) -> None:
     assert proc.returncode != 0
     assert "unknown pooling 'meen'" in proc.stderr and "mean" in proc.stderr
     assert not (tmp_path / "o" / "train").exists()
+
+
+def test_misspelt_key_in_a_row_names_the_row(tmp_path: Path) -> None:
+    spec = (ROOT / SPEC).read_text().replace("pooling.chunk_size=64", "pooling.chunk_sise=64")
+    bad = tmp_path / "spec.yaml"
+    bad.write_text(spec)
+    proc = subprocess.run([sys.executable, "-m", "lmk.sweep", str(bad), "--scale", "tiny", "--out",
+                           str(tmp_path / "o")], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert "row 'lmk-fixed-64'" in proc.stderr and "chunk_sise" in proc.stderr, proc.stderr
+    assert "did you mean pooling.chunk_size" in proc.stderr
+    assert "make reproduce-table2" not in out and "Traceback" not in out  # no advice to run another scale
+    assert not (tmp_path / "o" / "train" / "cls" / "results.json").exists()  # nothing launched
+
+
+def test_spec_error_is_one_line(tmp_path: Path) -> None:
+    spec = (ROOT / SPEC).read_text().replace("overrides: [pooling=mean]", "overrides: [pooling=meen]")
+    bad = tmp_path / "spec.yaml"
+    bad.write_text(spec)
+    cmd = [sys.executable, "-m", "lmk.sweep", str(bad), "--scale", "tiny", "--out", str(tmp_path / "o")]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert proc.stderr.strip().count("\n") == 0 and "unknown pooling 'meen'" in proc.stderr, proc.stderr
+    full = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "HYDRA_FULL_ERROR": "1"})
+    assert full.returncode != 0 and "Traceback" in full.stderr and "unknown pooling 'meen'" in full.stderr
 
 
 def test_tiny_sweep_end_to_end_with_resume_and_failure(tmp_path: Path) -> None:

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from lmk.experiments.spec import SpecError, load_spec, validate_spec
+from lmk.experiments.tables import MixedResultsError, aggregate
 from lmk.results import update_results
-from lmk.table_spec import SpecError, load_spec, validate_spec
-from lmk.tables import MixedResultsError, aggregate
 
 SPEC = {
     "name": "t2", "title": "Test table", "baseline": "cls", "alpha": 0.05,
@@ -104,6 +104,20 @@ def test_missing_row_and_failed_row_show_dash(spec_path: Path, tmp_path: Path) -
     mean_line = next(line for line in md.splitlines() if line.startswith("| Mean"))
     assert mean_line.count("| -") == 5
     assert "| LMK-32 | - | - | - | - | - |" in md
+
+
+def test_failed_row_keeps_its_commit_and_hash_in_the_provenance(spec_path: Path, tmp_path: Path) -> None:
+    out = tmp_path / "sweep"
+    write_run(out / "train" / "cls", "cls", {"short-a": 0.2, "long-b": 0.5})
+    write_run(out / "train" / "mean", "mean", {}, status="failed")
+    _, paths = aggregate(spec_path, "s", out)
+    md = paths["md"].read_text()
+    line = next(line for line in md.splitlines() if line.startswith("- train/mean:"))
+    assert "commit `abc123def456`" in line and "hash `h-mean`" in line, line
+    assert "`?`" not in line and "None" not in line
+    cells = json.loads(paths["json"].read_text())["cells"]
+    failed = next(c for c in cells if c["row"] == "mean" and c["column"] == "short-a")
+    assert failed["value"] is None and failed["config_hash"] == "h-mean" and failed["git_commit"] == "abc123def456789"
 
 
 def test_mixed_results_folder_is_refused(spec_path: Path, tmp_path: Path) -> None:

@@ -68,6 +68,29 @@ def _entry_point() -> list[str]:
     return ["python", sys.argv[0]]
 
 
+def _row_error(row: str, row_overrides: list[str], exc: Exception, config: Any) -> Exception:
+    """A compact error naming the row whose overrides do not compose, with the nearest valid key."""
+    import difflib
+
+    from lmk.config import ConfigError
+
+    # Hydra's first line ("Could not override 'x.y'.") without its advice to append with `+` (a typo is
+    # the likely cause in a spec row), then OmegaConf's reason ("Key 'y' is not in struct").
+    reason = str(exc).splitlines()[0].rstrip(".") if str(exc) else type(exc).__name__
+    cause = exc.__cause__
+    if cause is not None and str(cause):
+        reason += f": {str(cause).splitlines()[0]}"
+    full_key = getattr(cause, "full_key", None)
+    if full_key:
+        parent, _, key = str(full_key).rpartition(".")
+        node = OmegaConf.select(config, parent) if parent else config
+        if isinstance(node, DictConfig):
+            near = difflib.get_close_matches(key, [str(k) for k in node.keys()], n=3)
+            if near:
+                reason += f" (did you mean {', '.join(f'{parent}.{k}' if parent else k for k in near)}?)"
+    return ConfigError(f"row {row!r} ({' '.join(row_overrides)}): {reason}")
+
+
 class RowSweeper(Sweeper):
     def __init__(
         self,
@@ -116,9 +139,12 @@ class RowSweeper(Sweeper):
         jobs = []
         for row, row_overrides in self.rows.items():
             overrides = [*arguments, *row_overrides, f"++row={row}", f"hydra.sweep.subdir={row}"]
-            job_cfg = self.hydra_context.config_loader.load_sweep_config(
-                master_config=self.config, sweep_overrides=list(overrides)
-            )
+            try:
+                job_cfg = self.hydra_context.config_loader.load_sweep_config(
+                    master_config=self.config, sweep_overrides=list(overrides)
+                )
+            except Exception as exc:
+                raise _row_error(row, row_overrides, exc, self.config) from exc
             digest = config_hash_of(job_cfg)
             if check is not None:
                 self._check_job(check, job_cfg, sweep_dir / row, row, row_overrides)
@@ -150,7 +176,10 @@ class RowSweeper(Sweeper):
             task_cfg = OmegaConf.masked_copy(job_cfg, [k for k in job_cfg if k != "hydra"])
             check(task_cfg)
         except Exception as exc:
-            raise ValueError(f"row {row!r} ({' '.join(row_overrides)}): {exc}") from exc
+            from lmk.config import ConfigError
+
+            # ConfigError is a compact Hydra error: one line naming the row, no traceback
+            raise ConfigError(f"row {row!r} ({' '.join(row_overrides)}): {exc}") from exc
         finally:
             if previous is not None:
                 HydraConfig.instance().cfg = previous

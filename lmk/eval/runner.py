@@ -29,6 +29,7 @@ from lmk.eval.config import EvalConfig
 from lmk.eval.encoder import LmkEncoder
 from lmk.eval.scoring import group_scores, metric_key, per_query_scores, split_key, summarize_scores
 from lmk.eval.suites import build_tasks
+from lmk.loggers import quiet_progress_bars
 
 if TYPE_CHECKING:
     from lmk.model import EmbeddingModel
@@ -159,6 +160,7 @@ def suite_metrics(section: Mapping[str, Any]) -> dict[str, float]:
     return metrics
 
 
+@quiet_progress_bars()  # mteb's per-task dataset maps: one bar each, seconds of work
 def run_suite(
     model: EmbeddingModel,
     eval_cfg: Any,

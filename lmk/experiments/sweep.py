@@ -26,7 +26,7 @@ from pathlib import Path
 
 import yaml
 
-from lmk.table_spec import Row, Scale, load_spec, validate_spec
+from lmk.experiments.spec import Row, Scale, SpecError, load_spec, validate_spec
 
 # Each entry point's structured-config check, run on every job before the sweep launches.
 VALIDATORS = {"lmk.train": "lmk.config.validate", "lmk.evaluate": "lmk.evaluate.validate_config"}
@@ -63,7 +63,7 @@ def zero_shot_rows(rows: list[Row]) -> list[Row]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Run a paper table's sweep and aggregate it.")
+    parser = argparse.ArgumentParser(prog="python -m lmk.sweep", description="Run a paper table's sweep and aggregate it.")
     parser.add_argument("spec")
     parser.add_argument("--scale", default="mini")
     parser.add_argument("--out", default=None, help="sweep folder (default outputs/<table>/<scale>)")
@@ -75,8 +75,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     started = time.time()
-    spec = load_spec(args.spec)
-    validate_spec(spec, args.scale, with_optional=args.with_optional)
+    try:
+        spec = load_spec(args.spec)
+        validate_spec(spec, args.scale, with_optional=args.with_optional)
+    except SpecError as exc:
+        if os.environ.get("HYDRA_FULL_ERROR") == "1":  # the full trace on request, as Hydra does
+            raise
+        print(f"[lmk.sweep] {exc}", file=sys.stderr)
+        return 2
     scale = spec.scale(args.scale)
     rows = spec.rows_for(scale, args.with_optional)
     if args.rows:
@@ -96,13 +102,15 @@ def main(argv: list[str] | None = None) -> int:
     for name, entry, overrides, block_rows in blocks:
         cmd = sweep_command(entry, overrides, block_rows, out / name, scale, f"{group}-{name}",
                             args.force, args.dry_run)
+        block_started = time.time()
         code = run_block(cmd, scale.env)
-        if code != 0:
-            print(f"[lmk.sweep] {name} sweep exited with {code}; see the log above", file=sys.stderr)
-            failures += 1
-            if args.dry_run:
-                return code
         status_file = out / name / "sweep_status.json"
+        if code != 0:
+            print(f"[lmk.sweep] {name} sweep exited with {code}; see the error above", file=sys.stderr)
+            failures += 1
+            launched = status_file.exists() and status_file.stat().st_mtime >= block_started
+            if args.dry_run or not launched:
+                return code  # nothing launched (a bad row config): no table to build
         if status_file.exists():
             failed = [r for r, s in json.loads(status_file.read_text()).items() if s["status"] == "failed"]
             if failed:
@@ -114,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[lmk.sweep] dry run: jobs in {out / name / 'jobs.json'}")
         return 0
 
-    from lmk.tables import aggregate
+    from lmk.experiments.tables import aggregate
 
     try:
         _, paths = aggregate(args.spec, args.scale, out, args.with_optional)

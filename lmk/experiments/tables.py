@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lmk.experiments.spec import Column, Row, TableSpec, load_spec
 from lmk.results import STATUS_DONE, read_results
-from lmk.table_spec import Column, Row, TableSpec, load_spec
 
 log = logging.getLogger(__name__)
 BLOCKS = ("train", "zeroshot")  # sub-folders of a sweep folder: fine-tuned rows, untrained rows
@@ -177,7 +177,9 @@ def build_table(spec: TableSpec, scale_name: str, runs: dict[str, dict[str, RunR
             cells: dict[str, Cell] = {}
             for col in scale.columns:
                 if rec is None or rec.status != STATUS_DONE:
-                    cells[col.group] = Cell(None, run_dir=str(rec.run_dir) if rec else None)
+                    # a failed row keeps its provenance: its results.json names the commit and config hash
+                    cells[col.group] = Cell(None, str(rec.run_dir), rec.git_commit, rec.config_hash) if rec \
+                        else Cell(None)
                     continue
                 cell = Cell(rec.groups.get(col.group), str(rec.run_dir), rec.git_commit, rec.config_hash)
                 if base is not None and row.id != spec.baseline and base.status == STATUS_DONE:
@@ -338,7 +340,7 @@ def aggregate(spec_path: str | Path, scale: str, out: str | Path, with_optional:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m lmk.tables", description=__doc__.splitlines()[0])
     parser.add_argument("spec")
     parser.add_argument("--scale", default="mini")
     parser.add_argument("--out", required=True, help="the sweep folder (holds train/ and zeroshot/)")

@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 CONTEXTS = ("short", "long")
 
 

@@ -1,0 +1,207 @@
+"""Models for the probes: trained runs of a sweep folder, or untrained encoders from conf/.
+
+`choose_models` is what the notebook calls: the trained runs of the latest `make reproduce-table2`
+(any scale, `<table2_root>/<scale>/train/<row>/` with export/ or checkpoints/) when there are some, else
+untrained encoders; it says which it used.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # imported lazily at run time: analysis sits above model / data in the layering
+    from lmk.model import EmbeddingModel
+
+
+def _conf_dir(conf_dir: str | Path | None) -> Path:
+    if conf_dir is not None:
+        return Path(conf_dir)
+    return Path(__file__).resolve().parents[2] / "conf"
+
+
+def _load_cfg(conf: Path, group: str, name: str) -> Any:
+    from omegaconf import OmegaConf
+
+    path = conf / group / f"{name}.yaml"
+    if not path.is_file():
+        avail = sorted(p.stem for p in (conf / group).glob("*.yaml"))
+        raise ValueError(
+            f"unknown {group} {name!r}; allowed: {', '.join(avail) or '(none found in ' + str(conf) + ')'}"
+        )
+    return OmegaConf.load(path)
+
+
+def _run_label(run_dir: Path) -> str:
+    import json
+
+    try:
+        cfg = json.loads((run_dir / "results.json").read_text()).get("config", {})
+        enc = cfg.get("encoder", {}).get("name")
+        pool = cfg.get("pooling", {})
+        pname = pool.get("name")
+        if (
+            pname
+            and pool.get("strategy") in ("fixed", "variable", "every_k", "multi_cls")
+            and pool.get("chunk_size")
+        ):
+            pname = f"{pname}-{pool['chunk_size']}"
+        if enc and pname:
+            return f"{enc}/{pname}"
+    except (OSError, ValueError, AttributeError):
+        pass
+    return run_dir.name
+
+
+def _has_weights(run_dir: Path) -> bool:
+    return (run_dir / "export").is_dir() or (run_dir / "checkpoints" / "last.ckpt").is_file()
+
+
+def _load_run(run_dir: Path, device: str) -> EmbeddingModel:
+    """A run folder's model: its export/, else its last checkpoint (a sweep at tiny scale exports nothing)."""
+    if (run_dir / "export").is_dir():
+        return _load_export(run_dir / "export", device)
+    from lmk.evaluate import load_model  # rebuilds the model from the run's .hydra config + checkpoint
+
+    model, _ = load_model(run_dir)
+    return model.to(device).eval()
+
+
+def _done(run_dir: Path) -> bool:
+    try:
+        return json.loads((run_dir / "results.json").read_text()).get("status") == "done"
+    except (OSError, ValueError):
+        return False
+
+
+def trained_runs(sweep_dir: str | Path) -> list[Path]:
+    """The finished fine-tuning runs of a Table 2 sweep folder (`<sweep>/train/<row>/`) that hold weights."""
+    train = Path(sweep_dir) / "train"
+    if not train.is_dir():
+        return []
+    return sorted(p for p in train.iterdir() if p.is_dir() and _done(p) and _has_weights(p))
+
+
+def default_table2_root() -> Path:
+    """Where `make reproduce-table2` writes its sweeps: <repo>/outputs/table2/<scale>/."""
+    return Path(__file__).resolve().parents[2] / "outputs" / "table2"
+
+
+def latest_table2_sweep(root: str | Path | None = None) -> Path | None:
+    """The sweep folder (`<root>/<scale>`, any scale) whose newest finished trained run is the most recent."""
+    root = Path(root) if root is not None else default_table2_root()
+    if not root.is_dir():
+        return None
+    newest: dict[Path, float] = {}
+    for scale in (p for p in root.iterdir() if p.is_dir()):
+        runs = trained_runs(scale)
+        if runs:
+            newest[scale] = max((r / "results.json").stat().st_mtime for r in runs)
+    return max(newest, key=newest.get) if newest else None
+
+
+@dataclass
+class ModelChoice:
+    """The models the probes compare and where they came from (printed by the notebook)."""
+
+    models: dict[str, EmbeddingModel]
+    source: str               # "trained" or "untrained"
+    sweep_dir: Path | None    # the Table 2 sweep folder of trained runs (None for untrained models)
+    description: str
+
+    def __str__(self) -> str:
+        return self.description
+
+
+def choose_models(
+    results_dir: str | Path | None = None,
+    table2_root: str | Path | None = None,
+    *,
+    prefer_trained: bool = True,
+    encoders: Sequence[str] = ("minilm-l6", "tiny-modernbert"),
+    poolings: Sequence[str] = ("cls", "mean", "lmk-fixed"),
+    device: str = "cpu",
+) -> ModelChoice:
+    """results_dir given: its runs. Else, with `prefer_trained`, the latest Table 2 sweep under
+    `table2_root` (default <repo>/outputs/table2) when it has finished runs; else untrained encoders."""
+    sweep = None
+    if results_dir is not None:
+        sweep = Path(results_dir)
+    elif prefer_trained:
+        sweep = latest_table2_sweep(table2_root)
+    if sweep is not None:
+        runs_root = sweep / "train" if trained_runs(sweep) else sweep
+        models = load_models(runs_root, device=device)
+        where = "".join(f"\n  {label} <- {folder}" for label, folder in _run_folders(runs_root).items())
+        return ModelChoice(models, "trained", sweep, f"trained runs of {sweep}:{where}")
+    models = load_models(None, encoders, poolings, device=device)
+    looked = "" if not prefer_trained else (
+        f" (no finished `make reproduce-table2` run under {Path(table2_root) if table2_root else default_table2_root()})"
+    )
+    return ModelChoice(models, "untrained", None,
+                       f"untrained fallback{looked}: {', '.join(models)} -- the mechanics, not the paper's result")
+
+
+def _run_folders(root: Path) -> dict[str, Path]:
+    """label -> run folder, in load_models' order and labelling."""
+    out: dict[str, Path] = {}
+    for run in _weight_runs(root):
+        label = _run_label(run)
+        out[label if label not in out else f"{label} ({run.name})"] = run
+    return out
+
+
+def _weight_runs(root: Path) -> list[Path]:
+    return sorted(p.parent for p in root.rglob("results.json") if _has_weights(p.parent))
+
+
+def _load_export(export: Path, device: str) -> EmbeddingModel:
+    from lmk.model import EmbeddingModel
+
+    if (export / "modules.json").is_file():  # a sentence-transformers export (lmk.export)
+        from lmk.export import load_exported
+
+        return load_exported(export, device=device).eval()
+    return EmbeddingModel.from_pretrained(export).to(device).eval()  # a save_pretrained folder
+
+
+def load_models(
+    results_dir: str | Path | None = None,
+    encoders: Sequence[str] = ("minilm-l6", "tiny-modernbert"),
+    poolings: Sequence[str] = ("cls", "mean", "lmk-fixed"),
+    *,
+    conf_dir: str | Path | None = None,
+    device: str = "cpu",
+) -> dict[str, EmbeddingModel]:
+    """Labelled models to compare, on `device`.
+
+    results_dir given: every run folder under it (a Table 2 sweep) holding results.json and export/ (or
+    checkpoints/last.ckpt), labelled "encoder/pooling" from its results.json (else the folder name). Otherwise each encoder of
+    conf/encoder/ built once (untrained heads; random init for tiny-modernbert) and re-pooled with each
+    of conf/pooling/ via with_pooling, so the poolings of one encoder share the very same weights.
+    """
+    from lmk.model import EmbeddingModel
+
+    models: dict[str, EmbeddingModel] = {}
+    if results_dir is not None:
+        root = Path(results_dir)
+        if not root.is_dir():
+            raise ValueError(
+                f"results_dir {str(root)!r} is not a folder; pass a Table 2 sweep folder or None"
+            )
+        runs = _run_folders(root)
+        if not runs:
+            raise ValueError(f"no run folder with results.json and export/ or checkpoints/last.ckpt under {str(root)!r}")
+        return {label: _load_run(run, device) for label, run in runs.items()}
+    if not encoders or not poolings:
+        raise ValueError("encoders and poolings must be non-empty lists of config names")
+    conf = _conf_dir(conf_dir)
+    pool_cfgs = [_load_cfg(conf, "pooling", p) for p in poolings]
+    for enc in encoders:
+        base = EmbeddingModel.build(_load_cfg(conf, "encoder", enc), pool_cfgs[0]).to(device).eval()
+        for name, pcfg in zip(poolings, pool_cfgs, strict=True):
+            models[f"{enc}/{name}"] = base if pcfg is pool_cfgs[0] else base.with_pooling(pcfg)
+    return models

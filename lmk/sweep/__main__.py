@@ -1,0 +1,5 @@
+import sys
+
+from lmk.experiments.sweep import main
+
+sys.exit(main())

@@ -1,0 +1,3 @@
+from lmk.experiments.tables import main
+
+main()
