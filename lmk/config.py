@@ -33,8 +33,12 @@ class TrainSection:
 
     tau: float = 0.02
     lr: float = 2e-5
-    weight_decay: float = 0.01
+    weight_decay: float = 0.0  # the authors never set it (HF TrainingArguments' default)
     warmup_steps: int = 250
+    # DeepSpeed WarmupDecayLR's warm-up curve (the authors' scheduler; log is its default), then linear decay
+    warmup_shape: Literal["log", "linear"] = "log"
+    # loss multiplier for backward only (1.0: gradient of the global-batch mean; see docs/method.md)
+    grad_scale: float = 1.0
     grad_cache: bool = False
     grad_cache_chunk: int = 32
     gather_across_devices: bool = True
@@ -51,6 +55,7 @@ class TrainSection:
         _positive("train.tau", self.tau)
         _positive("train.lr", self.lr)
         _positive("train.teacher_temperature", self.teacher_temperature)
+        _positive("train.grad_scale", self.grad_scale)
         _at_least("train.weight_decay", self.weight_decay, 0)
         _at_least("train.warmup_steps", self.warmup_steps, 0)
         _at_least("train.grad_cache_chunk", self.grad_cache_chunk, 1)
