@@ -342,6 +342,42 @@ def validate(cfg: Any) -> RootConfig:
     return root
 
 
+def _devices(value: Any) -> int | None:
+    """How many devices a Trainer `devices` value names per node; None when it is "auto"/-1 (unknown here)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, list | tuple):
+        return len(value)
+    if isinstance(value, str):
+        value = value.strip()
+        if "," in value:
+            return len([v for v in value.split(",") if v.strip()])
+        if not value.lstrip("-").isdigit():
+            return None
+        value = int(value)
+    if isinstance(value, int) and value > 0:
+        return value
+    return None
+
+
+def effective_batch(cfg: Any) -> dict[str, Any]:
+    """Queries per optimiser step over all devices, from a composed config (before anything launches).
+
+    {"queries": per_device x devices x nodes x accumulation (None when `trainer.devices` is auto),
+     "per_device", "devices", "nodes", "accumulation"}. With grad cache the per-device batch is the whole
+    per-device batch (cached chunks are not micro-batches).
+    """
+    plain = to_container(cfg)
+    data, trainer = plain.get("data") or {}, plain.get("trainer") or {}
+    per_device = int(data.get("batch_size") or 16)  # 16: DataConfig's default
+    devices = _devices(trainer.get("devices", 1))
+    nodes = int(trainer.get("num_nodes", 1) or 1)
+    accumulation = int(trainer.get("accumulate_grad_batches", 1) or 1)
+    queries = None if devices is None else per_device * devices * nodes * accumulation
+    return {"queries": queries, "per_device": per_device, "devices": devices, "nodes": nodes,
+            "accumulation": accumulation}
+
+
 def _cross_checks(root: RootConfig) -> None:
     if root.ckpt_path is not None and not isinstance(root.ckpt_path, str):
         raise ConfigError(f"ckpt_path={root.ckpt_path!r} is not valid; allowed values: null, last, a file path")
