@@ -216,6 +216,33 @@ def test_grad_scale_scales_the_gradient_not_the_logged_loss(tmp_path, grad_cache
         torch.testing.assert_close(grads[1][k], grads[0][k] * 0.05, atol=1e-6, rtol=1e-3)
 
 
+def test_latent_attention_pooler_trains_end_to_end_and_reloads(tmp_path):
+    """Its parameters are in the optimiser, a step changes them, and save/reload and the
+    sentence-transformers export give the trained embeddings back."""
+    from lmk.export import export_sentence_transformers, load_exported
+
+    torch.manual_seed(0)
+    latent = {"name": "latent-attention", "strategy": "none", "pooler": "latent_attention",
+              "pooler_kwargs": {"num_latents": 4, "num_heads": 2, "head_dim": 8}}
+    model = EmbeddingModel.build(TINY, latent, query_max_length=16, passage_max_length=32)
+    before = {k: v.detach().clone() for k, v in model.pooler.state_dict().items()}
+    module = ContrastiveModule(model, tau=0.05, lr=1e-3, warmup_steps=0, max_steps=4)
+    trainer(tmp_path, 2).fit(module, train_dataloaders=loader(model))
+    in_optimizer = {id(p) for g in module.optimizers().optimizer.param_groups for p in g["params"]}
+    assert all(id(p) in in_optimizer for p in model.pooler.parameters())
+    changed = [k for k, v in model.pooler.state_dict().items() if not torch.equal(v, before[k])]
+    assert "latents" in changed and "to_q.weight" in changed and "ff_out.weight" in changed
+    model.eval()
+    texts = ["a short text", "another text about the moon and the sea"]
+    want = model.encode(texts)
+    model.save_pretrained(tmp_path / "m")
+    torch.testing.assert_close(torch.from_numpy(EmbeddingModel.from_pretrained(tmp_path / "m").encode(texts)),
+                               torch.from_numpy(want))
+    path = export_sentence_transformers(model, tmp_path / "st")
+    torch.testing.assert_close(torch.from_numpy(load_exported(path).encode(texts)), torch.from_numpy(want),
+                               atol=1e-6, rtol=1e-5)
+
+
 def test_gradient_checkpointing_switch():
     model = build_model(TINY, "cls")
     ContrastiveModule(model, gradient_checkpointing=True)

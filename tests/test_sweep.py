@@ -27,7 +27,8 @@ def test_paper_dry_run_builds_the_cluster_jobs(tmp_path: Path) -> None:
     plan = json.loads((out / "train" / "jobs.json").read_text())
     rows = [j["row"] for j in plan["jobs"]]
     assert rows == ["cls", "mean", "lmk-sentence", "lmk-fixed-32", "lmk-fixed-64", "lmk-fixed-128",
-                    "lmk-variable", "every-k", "multi-cls"]
+                    "lmk-variable", "every-k", "multi-cls", "latent-attention"]
+    assert "pooling.chunk_size=64" in {j["row"]: j for j in plan["jobs"]}["every-k"]["overrides"]  # every_64
     by_row = {j["row"]: j for j in plan["jobs"]}
     assert "pooling=lmk-fixed" in by_row["lmk-fixed-64"]["overrides"]
     assert "pooling.chunk_size=64" in by_row["lmk-fixed-64"]["overrides"]
