@@ -61,7 +61,7 @@ def _chunks(ids: list[int], g: int) -> list[list[int]]:
 
 
 def reference(tok, text: str, strategy: str, g: int, budget: int, cls: int, lmk: int):
-    """Python-loop statement of method.md section 1: insert everything, then truncate, then fix."""
+    """Python-loop statement of docs/method.md section 1: insert everything, then truncate, then fix."""
     if strategy == "sentence":
         pieces = [content_ids(tok, s) for s in split_sentences(text)]
         chunks = [c for p in pieces if p for c in _chunks(p, g)] or [[]]
