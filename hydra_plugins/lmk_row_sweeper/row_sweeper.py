@@ -189,7 +189,10 @@ class RowSweeper(Sweeper):
             log.info("row %-16s %s  %s", j["row"], "skip (done, same config)" if j["skip"] else "run ",
                      " ".join(j["overrides"]))
             batch = j["effective_batch"]
-            if batch:
+            if batch and batch["queries"] is None:
+                log.info("row %-16s effective batch %s per device x the devices found at launch (trainer.devices "
+                         "is auto)", j["row"], batch["per_device"])
+            elif batch:
                 log.info("row %-16s effective batch %s queries (%s per device x %s devices x %s nodes x %s "
                          "accumulation)", j["row"], batch["queries"], batch["per_device"], batch["devices"],
                          batch["nodes"], batch["accumulation"])
