@@ -56,6 +56,9 @@ def test_typo_key_names_the_key_and_allowed_keys():
     ("pooling.strategy=fixd", r"pooling.*strategy='fixd'.*allowed values:.*fixed"),
     ("seed=-1", r"seed=-1"),
     ("trainer.max_steps=0", r"trainer\.max_steps=0"),
+    ("train.warmup_shape=cosine", r"train\.warmup_shape='cosine'.*allowed values: log, linear"),
+    ("train.grad_scale=0", r"train\.grad_scale=0.*> 0"),
+    ("encoder.rope=maybe", r"encoder.*rope='maybe'.*true, false"),
 ])
 def test_bad_value_names_key_value_and_allowed(override, pattern):
     with pytest.raises(ConfigError, match=pattern):
