@@ -24,7 +24,8 @@ SIZES: dict[str, dict[str, Any]] = {
     "full": {"steps": 12, "warmup_steps": 2, "batch_size": 8, "group_size": 2, "query_len": 32, "passage_len": 128,
              "rounds": 2},
 }
-LR, TAU, WEIGHT_DECAY, SCHEDULE_WARMUP = 1e-4, 0.02, 0.01, 2
+# no warm-up: with DeepSpeed's schedule (lmk.module.warmup_decay) the first two warm-up steps run at lr 0
+LR, TAU, WEIGHT_DECAY, SCHEDULE_WARMUP = 1e-4, 0.02, 0.01, 0
 
 
 def make_batches(model: Any, n_batches: int, batch_size: int, group_size: int, query_len: int,
@@ -68,10 +69,10 @@ def _loader(batches: list[dict[str, Any]]) -> torch.utils.data.DataLoader:
 def raw_loop(model: torch.nn.Module, batches: list[dict[str, Any]], group_size: int) -> dict[str, Any]:
     """The minimal hand-written loop: forward, InfoNCE, backward, AdamW step, schedule step."""
     from lmk.losses import info_nce
-    from lmk.module import linear_warmup_decay
+    from lmk.module import warmup_decay
 
     opt = torch.optim.AdamW(_param_groups(model), lr=LR)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, linear_warmup_decay(SCHEDULE_WARMUP, len(batches)))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_decay(SCHEDULE_WARMUP, len(batches)))  # the module's default schedule
     model.train()
     losses, stamps = [], [time.perf_counter()]
     for batch in _loader(batches):

@@ -38,8 +38,12 @@ class TrainSection:
 
     tau: float = 0.02
     lr: float = 2e-5
-    weight_decay: float = 0.01
+    weight_decay: float = 0.0  # the authors never set it (HF TrainingArguments' default)
     warmup_steps: int = 250
+    # DeepSpeed WarmupDecayLR's warm-up curve (the authors' scheduler; log is its default), then linear decay
+    warmup_shape: Literal["log", "linear"] = "log"
+    # loss multiplier for backward only (1.0: gradient of the global-batch mean; see docs/method.md)
+    grad_scale: float = 1.0
     grad_cache: bool = False
     grad_cache_chunk: int = 32
     gather_across_devices: bool = True
@@ -56,6 +60,7 @@ class TrainSection:
         _positive("train.tau", self.tau)
         _positive("train.lr", self.lr)
         _positive("train.teacher_temperature", self.teacher_temperature)
+        _positive("train.grad_scale", self.grad_scale)
         _at_least("train.weight_decay", self.weight_decay, 0)
         _at_least("train.warmup_steps", self.warmup_steps, 0)
         _at_least("train.grad_cache_chunk", self.grad_cache_chunk, 1)
@@ -340,6 +345,42 @@ def validate(cfg: Any) -> RootConfig:
             raise ConfigError(f"{key} is missing: select one with `{key}=<option>` (see conf/{key}/)")
     _cross_checks(root)
     return root
+
+
+def _devices(value: Any) -> int | None:
+    """How many devices a Trainer `devices` value names per node; None when it is "auto"/-1 (unknown here)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, list | tuple):
+        return len(value)
+    if isinstance(value, str):
+        value = value.strip()
+        if "," in value:
+            return len([v for v in value.split(",") if v.strip()])
+        if not value.lstrip("-").isdigit():
+            return None
+        value = int(value)
+    if isinstance(value, int) and value > 0:
+        return value
+    return None
+
+
+def effective_batch(cfg: Any) -> dict[str, Any]:
+    """Queries per optimiser step over all devices, from a composed config (before anything launches).
+
+    {"queries": per_device x devices x nodes x accumulation (None when `trainer.devices` is auto),
+     "per_device", "devices", "nodes", "accumulation"}. With grad cache the per-device batch is the whole
+    per-device batch (cached chunks are not micro-batches).
+    """
+    plain = to_container(cfg)
+    data, trainer = plain.get("data") or {}, plain.get("trainer") or {}
+    per_device = int(data.get("batch_size") or 16)  # 16: DataConfig's default
+    devices = _devices(trainer.get("devices", 1))
+    nodes = int(trainer.get("num_nodes", 1) or 1)
+    accumulation = int(trainer.get("accumulate_grad_batches", 1) or 1)
+    queries = None if devices is None else per_device * devices * nodes * accumulation
+    return {"queries": queries, "per_device": per_device, "devices": devices, "nodes": nodes,
+            "accumulation": accumulation}
 
 
 def _cross_checks(root: RootConfig) -> None:

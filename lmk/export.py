@@ -34,6 +34,7 @@ from sentence_transformers import SentenceTransformer
 from sentence_transformers.base.modules import InputModule, Module
 from transformers import AutoModel, AutoTokenizer, PreTrainedModel
 
+from lmk.encoders import set_rope
 from lmk.model import LMK_CONFIG_FILE, EmbeddingModel
 from lmk.model_config import EncoderConfig, PoolingConfig
 from lmk.pooling import build_pooler
@@ -111,6 +112,7 @@ class LandmarkTransformer(InputModule):
                                        "trust_remote_code": trust_remote_code}
         load_kwargs.update(model_kwargs or {})
         backbone = AutoModel.from_pretrained(local, **load_kwargs)
+        set_rope(backbone, bool(enc.get("rope", True)), str(enc.get("name", "?")))  # not saved: reapply
         hf_tok = AutoTokenizer.from_pretrained(local, model_max_length=int(cfg["max_positions"]),
                                                trust_remote_code=trust_remote_code)
         lmk_tok = LandmarkTokenizer.from_config(hf_tok, cfg.pop("tokenizer"))

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from transformers import AutoModel, AutoTokenizer, PreTrainedModel
 
-from lmk.encoders import is_checkpointing, load_backbone, set_checkpointing
+from lmk.encoders import is_checkpointing, load_backbone, set_checkpointing, set_rope
 from lmk.model_config import EncoderConfig, PoolingConfig
 from lmk.pooling import build_pooler
 from lmk.tokenization import LandmarkTokenizer
@@ -312,6 +312,8 @@ class EmbeddingModel(torch.nn.Module):
             pooler.load_state_dict(load_file(str(weights)))
         if isinstance(pooler, torch.nn.Module):
             pooler = pooler.to(backbone.device)
+        if enc is not None:
+            set_rope(backbone, enc.rope, enc.name)  # zeroed rotary buffers are not saved: reapply
         if enc is not None and enc.gradient_checkpointing:
             set_checkpointing(backbone, True)
         return cls(

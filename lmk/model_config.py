@@ -52,6 +52,8 @@ class EncoderConfig(Coercible):
     dtype: str = "float32"
     gradient_checkpointing: bool = False
     seed: int = 0
+    # false: zero the rotary frequencies (the authors' `disable_rope` ablation; RoPE backbones only)
+    rope: bool = True
     _target_: str | None = None
 
     def __post_init__(self) -> None:
@@ -62,6 +64,8 @@ class EncoderConfig(Coercible):
         _check_choice(n, "source", self.source, ENCODER_SOURCES)
         _check_choice(n, "attn_implementation", self.attn_implementation, ATTN_IMPLEMENTATIONS)
         _check_choice(n, "dtype", self.dtype, DTYPES)
+        if not isinstance(self.rope, bool):
+            raise ValueError(f"{n}.rope={self.rope!r} is not valid; allowed values: true, false")
         if not isinstance(self.max_positions, int) or self.max_positions < 8:
             raise ValueError(f"{n}.max_positions={self.max_positions!r} must be an int >= 8")
         if self.source == "hub" and not self.model_id:

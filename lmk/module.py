@@ -3,12 +3,17 @@
 Batch layout (PairCollator): {"query": features [B], "passage": features [B*G] (positive first in
 each group), "teacher_scores": [B, G] (optional)}. Passages of every rank are gathered with
 gradients so each query sees all in-batch and hard negatives of the global batch.
+
+Optimisation follows the authors' scripts (docs/method.md): AdamW, weight decay 0, DeepSpeed
+`WarmupDecayLR`'s warm-up (log by default) then linear decay (`warmup_decay`), and `grad_scale` to
+reproduce the gradient magnitude their gradient clipping saw.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -23,15 +28,33 @@ from lmk.losses import info_nce
 log = logging.getLogger(__name__)
 
 
-def linear_warmup_decay(warmup_steps: int, max_steps: int):  # noqa: ANN201 - a lr lambda
-    """lr multiplier: 0 -> 1 linearly over `warmup_steps`, then linearly to 0 at `max_steps`."""
+WARMUP_SHAPES = ("log", "linear")
 
-    def fn(step: int) -> float:
-        if step < warmup_steps:
-            return (step + 1) / max(1, warmup_steps)
-        return max(0.0, (max_steps - step) / max(1, max_steps - warmup_steps))
 
-    return fn
+def warmup_decay(warmup_steps: int, max_steps: int, shape: str = "log"):  # noqa: ANN201 - a lr lambda
+    """lr multiplier of optimiser step k (0-based), as DeepSpeed's `WarmupDecayLR` gives it.
+
+    That scheduler (the authors' `config/ds_config.json`) warms up over W = max(2, warmup_steps) steps
+    with gamma(i) = log(i + 1) / log(W) (its default `warmup_type: log`) or i / W (`linear`), then decays
+    linearly: gamma(i) = (T - i) / (T - W) for i >= W, clamped at 0. Its lr is set at construction to the
+    minimum (0) and advanced after each optimiser step, so step k runs at gamma(k - 1): step 0 at 0.
+    DeepSpeed refuses 0 warm-up steps; here 0 means no warm-up: (T - k) / T from step 0.
+    """
+    if shape not in WARMUP_SHAPES:
+        raise ValueError(f"warmup shape {shape!r} is not valid; allowed values: {', '.join(WARMUP_SHAPES)}")
+    total = int(max_steps)
+    if int(warmup_steps) <= 0:
+        return lambda step: max(0.0, (total - step) / max(1, total))
+    warm = max(2, int(warmup_steps))  # DeepSpeed's own floor (log(1) would divide by zero)
+
+    def gamma(i: int) -> float:
+        if i < 0:
+            return 0.0
+        if i < warm:
+            return math.log(i + 1) / math.log(warm) if shape == "log" else i / warm
+        return max(0.0, (total - i) / max(1.0, total - warm))
+
+    return lambda step: gamma(step - 1)
 
 
 def _no_decay(name: str) -> bool:
@@ -48,8 +71,10 @@ class ContrastiveModule(pl.LightningModule):
         model: torch.nn.Module,
         tau: float = 0.02,
         lr: float = 2e-5,
-        weight_decay: float = 0.01,
+        weight_decay: float = 0.0,
         warmup_steps: int = 250,
+        warmup_shape: str = "log",
+        grad_scale: float = 1.0,
         max_steps: int = 5000,
         grad_cache: bool = False,
         grad_cache_chunk: int = 32,
@@ -65,11 +90,18 @@ class ContrastiveModule(pl.LightningModule):
         super().__init__()
         if tau <= 0:
             raise ValueError(f"tau must be > 0, got {tau}")
+        if warmup_shape not in WARMUP_SHAPES:
+            raise ValueError(f"warmup_shape={warmup_shape!r} is not valid; allowed values: {', '.join(WARMUP_SHAPES)}")
+        if not grad_scale > 0:
+            raise ValueError(f"grad_scale={grad_scale!r} is not valid; allowed values: a number > 0")
         self.model = model
         # HF from_pretrained returns eval mode; Lightning keeps each module's mode, so train (dropout) here.
         self.model.train()
         self.tau, self.lr, self.weight_decay = tau, lr, weight_decay
-        self.warmup_steps, self.max_steps = warmup_steps, max_steps
+        self.warmup_steps, self.max_steps, self.warmup_shape = warmup_steps, max_steps, warmup_shape
+        # Multiplies the loss before backward only (the logged loss is unscaled). 1.0 = the gradient of the
+        # mean loss over the global batch; the authors' distillation loss reached 1/20 of that (docs/method.md).
+        self.grad_scale = float(grad_scale)
         self.grad_cache, self.grad_cache_chunk = grad_cache, grad_cache_chunk
         self.gather_across_devices, self.in_batch_negatives = gather_across_devices, in_batch_negatives
         self.use_teacher_scores, self.teacher_temperature = use_teacher_scores, teacher_temperature
@@ -130,7 +162,7 @@ class ContrastiveModule(pl.LightningModule):
         else:
             loss = self.forward_loss(batch)
         self._log_step(batch, loss)
-        return None if self.grad_cache else loss
+        return None if self.grad_cache else loss * self.grad_scale
 
     def _grad_cache_step(self, batch: Mapping[str, Any]) -> Tensor:
         opt = self.optimizers()
@@ -142,7 +174,7 @@ class ContrastiveModule(pl.LightningModule):
         no_sync = getattr(wrapped, "no_sync", None) if self._world() > 1 else None
         loss = grad_cache_step(
             self.embed, batch["query"], batch["passage"],
-            lambda q, p: self.compute_loss(q, p, teacher),
+            lambda q, p: self.compute_loss(q, p, teacher) * self.grad_scale,
             chunk_size=self.grad_cache_chunk, backward=self.manual_backward,
             no_sync=no_sync or (lambda: contextlib.nullcontext()),
         )
@@ -151,7 +183,7 @@ class ContrastiveModule(pl.LightningModule):
         opt.step()
         if sched is not None:
             sched.step()
-        return loss
+        return loss / self.grad_scale
 
     def _log_step(self, batch: Mapping[str, Any], loss: Tensor) -> None:
         b = batch["query"]["input_ids"].shape[0]
@@ -192,6 +224,6 @@ class ContrastiveModule(pl.LightningModule):
         groups = [g for g in groups if g["params"]]
         optimizer = torch.optim.AdamW(groups, lr=self.lr, betas=self.betas, eps=self.eps)
         schedule = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, linear_warmup_decay(int(self.warmup_steps), self._total_steps())
+            optimizer, warmup_decay(int(self.warmup_steps), self._total_steps(), self.warmup_shape)
         )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step", "frequency": 1}}

@@ -1,6 +1,6 @@
 """Landmark tokenization: texts -> input_ids / attention_mask / pool_mask.
 
-Layout of one text (method.md section 1)::
+Layout of one text (docs/method.md section 1)::
 
     [CLS] z1 [LMK] z2 [LMK] ... zn [LMK]
 

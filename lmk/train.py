@@ -62,6 +62,7 @@ def build_module(typed: RootConfig, model: Any) -> Any:
     t = typed.train
     return ContrastiveModule(
         model, tau=t.tau, lr=t.lr, weight_decay=t.weight_decay, warmup_steps=t.warmup_steps,
+        warmup_shape=t.warmup_shape, grad_scale=t.grad_scale,
         max_steps=typed.trainer.max_steps, grad_cache=t.grad_cache, grad_cache_chunk=t.grad_cache_chunk,
         gather_across_devices=t.gather_across_devices, in_batch_negatives=t.in_batch_negatives,
         use_teacher_scores=t.use_teacher_scores, teacher_temperature=t.teacher_temperature,

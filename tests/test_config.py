@@ -56,6 +56,9 @@ def test_typo_key_names_the_key_and_allowed_keys():
     ("pooling.strategy=fixd", r"pooling.*strategy='fixd'.*allowed values:.*fixed"),
     ("seed=-1", r"seed=-1"),
     ("trainer.max_steps=0", r"trainer\.max_steps=0"),
+    ("train.warmup_shape=cosine", r"train\.warmup_shape='cosine'.*allowed values: log, linear"),
+    ("train.grad_scale=0", r"train\.grad_scale=0.*> 0"),
+    ("encoder.rope=maybe", r"encoder.*rope='maybe'.*true, false"),
 ])
 def test_bad_value_names_key_value_and_allowed(override, pattern):
     with pytest.raises(ConfigError, match=pattern):
@@ -81,3 +84,15 @@ def test_launcher_feeds_submitit():
     assert cfg.hydra.launcher.nodes == 2 and cfg.hydra.launcher.partition == "gpu"
     assert "submitit" in cfg.hydra.launcher._target_
     assert cfg.trainer.num_nodes == 2 and cfg.trainer.devices == cfg.launcher.gpus_per_node
+
+
+def test_effective_batch_counts_every_device_node_and_accumulation() -> None:
+    from lmk.config import effective_batch
+
+    def queries(**trainer):
+        return effective_batch({"data": {"batch_size": 256}, "trainer": trainer})["queries"]
+
+    assert queries(devices=4, num_nodes=5) == 5120
+    assert queries(devices=[0, 1], num_nodes=1, accumulate_grad_batches=3) == 256 * 2 * 3
+    assert queries(devices="0,1,2") == 768 and queries(devices="8") == 2048
+    assert queries(devices="auto") is None and queries(devices=-1) is None

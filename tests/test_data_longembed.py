@@ -1,4 +1,4 @@
-"""Passkey / needle generators against the LongEmbed protocol (method.md section 5)."""
+"""Passkey / needle generators against the LongEmbed protocol (docs/method.md section 5)."""
 
 from __future__ import annotations
 

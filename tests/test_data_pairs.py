@@ -144,19 +144,39 @@ def test_hub_source_offline_error_is_quick_and_names_alternative(monkeypatch):
 def test_sampling_without_replacement():
     rec = {"query": "q", "pos": ["p"], "neg": [f"n{j}" for j in range(10)], "pos_scores": [], "neg_scores": []}
     for s in range(20):
-        g = sample_group(rec, 5, np.random.default_rng(s))
+        g = sample_group(rec, 5, np.random.default_rng(s), mode="flagembedding")
         assert g["passages"][0] == "p" and len(g["passages"]) == 5
         assert len(set(g["passages"][1:])) == 4 and g["scores"] is None
 
 
 def test_sampling_with_replacement_repeats_evenly():
     rec = {"query": "q", "pos": ["p"], "neg": ["n0", "n1"], "pos_scores": [0.9], "neg_scores": [0.2, 0.1]}
-    g = sample_group(rec, 6, np.random.default_rng(0))
+    g = sample_group(rec, 6, np.random.default_rng(0), mode="flagembedding")
     negs = g["passages"][1:]
     assert len(negs) == 5 and set(negs) == {"n0", "n1"}
     assert sorted(Counter(negs).values()) == [2, 3]  # every negative used before any is used a third time
     score_of = {"p": 0.9, "n0": 0.2, "n1": 0.1}
     assert g["scores"] == pytest.approx([score_of[t] for t in g["passages"]])
+
+
+def test_authors_sampling_first_positive_negatives_with_replacement():
+    """The authors' collator: pos[0] always; random.choices over the negatives even when there are plenty."""
+    rec = {"query": "q", "pos": ["p0", "p1", "p2"], "neg": [f"n{j}" for j in range(10)],
+           "pos_scores": [0.9, 0.8, 0.7], "neg_scores": [j / 100 for j in range(10)]}
+    groups = [sample_group(rec, 5, np.random.default_rng(s)) for s in range(200)]
+    assert {g["passages"][0] for g in groups} == {"p0"}
+    assert all(g["scores"][0] == pytest.approx(0.9) for g in groups)
+    # with replacement: 4 draws of 10 repeat with probability 1 - 10*9*8*7/10**4 = 0.496
+    repeats = sum(len(set(g["passages"][1:])) < 4 for g in groups)
+    assert 70 < repeats < 130
+    counts = Counter(n for g in groups for n in g["passages"][1:])
+    assert set(counts) == set(rec["neg"]) and max(counts.values()) < 2 * min(counts.values())  # uniform
+    for g in groups:  # teacher scores follow their passages
+        assert g["scores"][1:] == pytest.approx([int(n[1:]) / 100 for n in g["passages"][1:]])
+    again = sample_group(rec, 5, np.random.default_rng(7))
+    assert again == groups[7]  # seeded
+    with pytest.raises(ValueError, match="allowed values: authors, flagembedding"):
+        sample_group(rec, 5, np.random.default_rng(0), mode="random")
 
 
 def test_rows_without_negatives_get_other_positives(tmp_path, tokenizer):

@@ -1,4 +1,4 @@
-"""Eval config schema, suite YAMLs (task lists of method.md section 4), name and offline checks."""
+"""Eval config schema, suite YAMLs (task lists of docs/method.md section 4), name and offline checks."""
 
 from __future__ import annotations
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import math
 import os
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from torch.utils.data import DataLoader
 
 from lmk.data.datamodule import PairCollator
 from lmk.model import EmbeddingModel
-from lmk.module import ContrastiveModule, linear_warmup_decay
+from lmk.module import ContrastiveModule, warmup_decay
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -98,10 +99,22 @@ def test_minilm_loss_decreases(tmp_path, pooling):
     _check_lowers(tmp_path, MINILM, pooling, steps=3, lr=5e-5)
 
 
-def test_schedule_warmup_then_linear_decay():
-    fn = linear_warmup_decay(4, 12)
-    assert [round(fn(s), 3) for s in (0, 1, 3)] == [0.25, 0.5, 1.0]
-    assert fn(4) == 1.0 and fn(8) == pytest.approx(0.5) and fn(12) == 0.0 and fn(20) == 0.0
+def test_schedule_is_deepspeed_warmup_decay_log_and_linear():
+    """DeepSpeed WarmupDecayLR (W=4, T=12): step k runs at gamma(k-1), gamma(-1)=0; log or linear warm-up."""
+    log = warmup_decay(4, 12, "log")
+    assert [log(k) for k in range(6)] == pytest.approx(
+        [0.0, 0.0, math.log(2) / math.log(4), math.log(3) / math.log(4), 1.0, 1.0])
+    lin = warmup_decay(4, 12, "linear")
+    assert [lin(k) for k in range(6)] == pytest.approx([0.0, 0.0, 0.25, 0.5, 0.75, 1.0])
+    for fn in (log, lin):  # linear decay (T - i) / (T - W) after the warm-up, clamped at 0
+        assert fn(9) == pytest.approx(0.5) and fn(13) == 0.0 and fn(20) == 0.0
+    # the authors' run: 250 warm-up steps of 5,000; DeepSpeed floors W at 2
+    assert warmup_decay(250, 5000)(251) == pytest.approx(1.0)
+    assert warmup_decay(250, 5000)(4999) == pytest.approx(2 / 4750)
+    assert warmup_decay(1, 10, "linear")(2) == pytest.approx(0.5)  # W = max(2, 1)
+    assert [warmup_decay(0, 10)(k) for k in (0, 5, 10)] == pytest.approx([1.0, 0.5, 0.0])  # 0: no warm-up
+    with pytest.raises(ValueError, match="allowed values: log, linear"):
+        warmup_decay(4, 12, "cosine")
 
 
 def _params(module) -> dict[str, torch.Tensor]:
@@ -128,7 +141,7 @@ def test_grad_cache_module_matches_plain_training(tmp_path):
     for cached in (False, True):
         pl.seed_everything(0)
         model = build_model(TINY, "lmk-fixed")
-        module = ContrastiveModule(model, tau=0.05, lr=1e-3, warmup_steps=1, max_steps=4, grad_cache=cached,
+        module = ContrastiveModule(model, tau=0.05, lr=1e-3, warmup_steps=0, max_steps=4, grad_cache=cached,
                                    grad_cache_chunk=3, eps=1e-3)
         rec = _GradRecorder()
         trainer(tmp_path, 2, callbacks=[rec]).fit(module, train_dataloaders=loader(model))
@@ -179,7 +192,55 @@ def test_logs_loss_lr_and_throughput(tmp_path):
     keys = set().union(*rows)
     assert {"train/loss", "train/lr", "train/samples_per_s", "train/tokens_per_s"} <= keys
     lrs = [float(r["train/lr"]) for r in rows if r.get("train/lr")]
-    assert lrs[:2] == pytest.approx([5e-5, 1e-4])  # warm-up
+    assert lrs[:3] == pytest.approx([0.0, 0.0, 1e-4])  # DeepSpeed log warm-up over max(2, 2) steps
+
+
+@pytest.mark.parametrize("grad_cache", [False, True])
+def test_grad_scale_scales_the_gradient_not_the_logged_loss(tmp_path, grad_cache):
+    grads, losses = [], []
+    for scale in (1.0, 0.05):
+        pl.seed_everything(0)
+        model = build_model(TINY, "cls")
+        module = ContrastiveModule(model, lr=1e-3, warmup_steps=0, max_steps=2, grad_scale=scale,
+                                   grad_cache=grad_cache, grad_cache_chunk=2)
+        rec = _GradRecorder()
+        trainer(tmp_path, 1, callbacks=[rec], gradient_clip_val=None).fit(module, train_dataloaders=loader(model))
+        grads.append(rec.grads[0])
+        losses.append(float(module.trainer.callback_metrics["train/loss"]))
+    assert losses[1] == pytest.approx(losses[0], rel=1e-6)
+    def norm(g):
+        return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(t) for t in g.values()])))
+
+    assert norm(grads[1]) == pytest.approx(0.05 * norm(grads[0]), rel=1e-4)
+    for k in grads[0]:  # elementwise too (float noise on near-zero entries: absolute slack)
+        torch.testing.assert_close(grads[1][k], grads[0][k] * 0.05, atol=1e-6, rtol=1e-3)
+
+
+def test_latent_attention_pooler_trains_end_to_end_and_reloads(tmp_path):
+    """Its parameters are in the optimiser, a step changes them, and save/reload and the
+    sentence-transformers export give the trained embeddings back."""
+    from lmk.export import export_sentence_transformers, load_exported
+
+    torch.manual_seed(0)
+    latent = {"name": "latent-attention", "strategy": "none", "pooler": "latent_attention",
+              "pooler_kwargs": {"num_latents": 4, "num_heads": 2, "head_dim": 8}}
+    model = EmbeddingModel.build(TINY, latent, query_max_length=16, passage_max_length=32)
+    before = {k: v.detach().clone() for k, v in model.pooler.state_dict().items()}
+    module = ContrastiveModule(model, tau=0.05, lr=1e-3, warmup_steps=0, max_steps=4)
+    trainer(tmp_path, 2).fit(module, train_dataloaders=loader(model))
+    in_optimizer = {id(p) for g in module.optimizers().optimizer.param_groups for p in g["params"]}
+    assert all(id(p) in in_optimizer for p in model.pooler.parameters())
+    changed = [k for k, v in model.pooler.state_dict().items() if not torch.equal(v, before[k])]
+    assert "latents" in changed and "to_q.weight" in changed and "ff_out.weight" in changed
+    model.eval()
+    texts = ["a short text", "another text about the moon and the sea"]
+    want = model.encode(texts)
+    model.save_pretrained(tmp_path / "m")
+    torch.testing.assert_close(torch.from_numpy(EmbeddingModel.from_pretrained(tmp_path / "m").encode(texts)),
+                               torch.from_numpy(want))
+    path = export_sentence_transformers(model, tmp_path / "st")
+    torch.testing.assert_close(torch.from_numpy(load_exported(path).encode(texts)), torch.from_numpy(want),
+                               atol=1e-6, rtol=1e-5)
 
 
 def test_gradient_checkpointing_switch():

@@ -68,20 +68,33 @@ def test_lmk_means_landmarks_and_falls_back(batch):
 
 
 def test_latent_attention_matches_direct_computation(batch):
+    """The authors' design written out: tokens query the (normed) latents per head, GEGLU block, masked mean."""
     x, mask, _ = batch
     with torch.no_grad():
-        # attention written out for a single head: tokens query the learnable latents
         torch.manual_seed(1)
-        one = build_pooler("latent_attention", hidden_size=H, num_latents=4, num_heads=1)
-        w_q, w_k, w_v = one.attn.in_proj_weight.chunk(3)
-        b_q, b_k, b_v = one.attn.in_proj_bias.chunk(3)
+        one = build_pooler("latent_attention", hidden_size=H, num_latents=4, num_heads=2, head_dim=3)
+        assert one.to_q.weight.shape == (6, H) and one.to_q.bias is None and one.ff_in.weight.shape == (8 * H, H)
         h = one.attn_norm(x)
-        q, k, v = h @ w_q.T + b_q, one.latents @ w_k.T + b_k, one.latents @ w_v.T + b_v
-        attn = torch.softmax(q @ k.T / H**0.5, dim=-1) @ v
-        y = x + one.attn.out_proj(attn)
-        y = y + one.mlp(one.mlp_norm(y))
+        lat = one.latent_norm(one.latents)
+        k_all, v_all = (lat @ one.to_kv.weight.T).chunk(2, dim=-1)
+        heads = []
+        for i in range(2):
+            cols = slice(3 * i, 3 * i + 3)
+            q = h @ one.to_q.weight[cols].T
+            heads.append(torch.softmax(q @ k_all[:, cols].T / 3**0.5, dim=-1) @ v_all[:, cols])
+        y = x + torch.cat(heads, dim=-1) @ one.to_out.weight.T
+        ff = one.ff_in(one.ff_norm(y))
+        y = y + one.ff_out(ff[..., : 4 * H] * F.gelu(ff[..., 4 * H :]))
         expected = torch.stack([y[0, :5].mean(0), y[1, :3].mean(0)])
         assert torch.allclose(one(x, mask), F.normalize(expected, dim=-1), atol=1e-5)
+
+
+def test_latent_attention_defaults_are_the_authors_sizes():
+    p = build_pooler("latent_attention", hidden_size=768)
+    assert (p.num_latents, p.num_heads, p.head_dim, p.ff_mult) == (64, 12, 768, 4)
+    assert p.latents.shape == (64, 768) and p.to_kv.weight.shape == (2 * 12 * 768, 768)
+    with pytest.raises(ValueError, match="set num_heads"):
+        build_pooler("latent_attention", hidden_size=32)  # 32 // 64 heads
 
 
 @pytest.mark.parametrize("name", sorted(POOLERS))
@@ -160,8 +173,9 @@ def test_bad_input():
         build_pooler("latent_attention")
     with pytest.raises(ValueError, match="takes no options"):
         build_pooler("mean", scale=2)
-    with pytest.raises(ValueError, match="divisible by num_heads"):
-        build_pooler("latent_attention", hidden_size=10, num_heads=3)
+    # head_dim is its own size in the authors' design (no divisibility); a zero size is still refused
+    with pytest.raises(ValueError, match="num_heads must be an integer >= 1"):
+        build_pooler("latent_attention", hidden_size=10, num_heads=0)
     with pytest.raises(ValueError, match="attention_mask shape"):
         build_pooler("mean")(torch.randn(2, 3, H), torch.ones(2, 4))
     with pytest.raises(ValueError, match=r"\[batch, tokens, hidden\]"):

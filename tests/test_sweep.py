@@ -28,7 +28,8 @@ def test_paper_dry_run_builds_the_cluster_jobs(tmp_path: Path) -> None:
     plan = json.loads((out / "train" / "jobs.json").read_text())
     rows = [j["row"] for j in plan["jobs"]]
     assert rows == ["cls", "mean", "lmk-sentence", "lmk-fixed-32", "lmk-fixed-64", "lmk-fixed-128",
-                    "lmk-variable", "every-k", "multi-cls"]
+                    "lmk-variable", "every-k", "multi-cls", "latent-attention"]
+    assert "pooling.chunk_size=64" in {j["row"]: j for j in plan["jobs"]}["every-k"]["overrides"]  # every_64
     by_row = {j["row"]: j for j in plan["jobs"]}
     assert "pooling=lmk-fixed" in by_row["lmk-fixed-64"]["overrides"]
     assert "pooling.chunk_size=64" in by_row["lmk-fixed-64"]["overrides"]
@@ -37,7 +38,10 @@ def test_paper_dry_run_builds_the_cluster_jobs(tmp_path: Path) -> None:
     assert len({j["config_hash"] for j in plan["jobs"]}) == len(rows)  # every row is a distinct config
     launcher = plan["launcher"]
     assert launcher["_target_"].endswith("submitit_launcher.SlurmLauncher")
-    assert launcher["nodes"] == 3 and launcher["gpus_per_node"] == 8 and launcher["tasks_per_node"] == 8
+    # the authors' 20 GPUs x 256 queries (run_20gpus_mdl): 5 nodes x 4 GPUs, one task per GPU
+    assert launcher["nodes"] == 5 and launcher["gpus_per_node"] == 4 and launcher["tasks_per_node"] == 4
+    assert {j["effective_batch"]["queries"] for j in plan["jobs"]} == {5120}
+    assert "effective batch 5120 queries (256 per device x 4 devices x 5 nodes" in proc.stdout + proc.stderr
     assert plan["command"][0].startswith("python -m lmk.train experiment=table2-paper")
     assert not (out / "train" / "cls" / "results.json").exists()  # nothing launched
 

@@ -72,7 +72,7 @@ def reference(
     cap: int | None = None,
     train: bool = False,
 ):
-    """Python-loop statement of method.md sections 1 and 7: insert everything, then truncate, then fix."""
+    """Python-loop statement of docs/method.md sections 1 and 7: insert everything, then truncate, then fix."""
     if strategy == "sentence":
         sentences = split_sentences(text, "en", splitter)
         if not train and sentences and len(" ".join(sentences)) < 0.9 * len(text.strip()):

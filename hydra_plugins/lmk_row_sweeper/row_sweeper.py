@@ -60,6 +60,21 @@ def load_rows(rows: dict[str, list[str]] | None, rows_file: str | None) -> dict[
     return merged
 
 
+def _effective_batch(job_cfg: DictConfig) -> Optional[Dict[str, Any]]:  # noqa: UP006, UP045
+    """Queries per optimiser step of a training job (lmk.config.effective_batch); None for other jobs."""
+    if "trainer" not in job_cfg or "data" not in job_cfg:
+        return None
+    from lmk.config import effective_batch
+
+    try:
+        # read key by key: interpolations (trainer.devices: ${launcher.gpus_per_node}) resolve in the job's config
+        trainer = {k: job_cfg.trainer.get(k) for k in ("devices", "num_nodes", "accumulate_grad_batches")}
+        return effective_batch({"data": {"batch_size": job_cfg.data.get("batch_size")}, "trainer": trainer})
+    except Exception as exc:  # a value that only resolves inside the job: say so, plan anyway
+        log.warning("effective batch not computable before launch: %s", exc)
+        return None
+
+
 def _entry_point() -> list[str]:
     """How this program was started (`python -m lmk.train`), for the printed per-job commands."""
     argv = list(getattr(sys, "orig_argv", sys.argv))
@@ -159,7 +174,7 @@ class RowSweeper(Sweeper):
                 log.info("row %s: config changed since the last run (%s -> %s), recomputing",
                          row, previous.get("config_hash"), digest)
             jobs.append({"row": row, "overrides": overrides, "job_dir": str(job_dir),
-                         "config_hash": digest, "skip": done})
+                         "config_hash": digest, "skip": done, "effective_batch": _effective_batch(job_cfg)})
         return jobs
 
     def _check_job(self, check: Any, job_cfg: DictConfig, job_dir: Path, row: str, row_overrides: list[str]) -> None:
@@ -202,6 +217,14 @@ class RowSweeper(Sweeper):
         for j in jobs:
             log.info("row %-16s %s  %s", j["row"], "skip (done, same config)" if j["skip"] else "run ",
                      " ".join(j["overrides"]))
+            batch = j["effective_batch"]
+            if batch and batch["queries"] is None:
+                log.info("row %-16s effective batch %s per device x the devices found at launch (trainer.devices "
+                         "is auto)", j["row"], batch["per_device"])
+            elif batch:
+                log.info("row %-16s effective batch %s queries (%s per device x %s devices x %s nodes x %s "
+                         "accumulation)", j["row"], batch["queries"], batch["per_device"], batch["devices"],
+                         batch["nodes"], batch["accumulation"])
         if self.dry_run:
             log.info("dry run: %d jobs planned, %d to launch; plan in %s", len(jobs), len(pending),
                      sweep_dir / "jobs.json")

@@ -1,9 +1,8 @@
 """`PairDataModule` (LightningDataModule) and `PairCollator`: contrastive training batches.
 
-Per step each query gets one positive and ``group_size - 1`` hard negatives. A query with fewer
-negatives than needed samples them with replacement (the list is repeated, then sampled, so every
-negative appears before any appears twice, as FlagEmbedding does); a query with no negatives at all gets
-random positives of other queries. Which rows an epoch visits, their order and the group members are all
+Per step each query gets one positive and ``group_size - 1`` hard negatives, drawn as the authors'
+training collator draws them (`sample_group`: the first positive, negatives uniformly with replacement);
+a query with no negatives at all gets random positives of other queries. Which rows an epoch visits, their order and the group members are all
 drawn from generators seeded by ``(seed, epoch, ...)``, so two runs see the same batches, on any number
 of DataLoader workers.
 
@@ -40,25 +39,37 @@ def _rng(*keys: int) -> np.random.Generator:
 
 
 # ------------------------------------------------------------------------------------------ groups
+SAMPLING_MODES = ("authors", "flagembedding")
+
+
 def sample_group(
     record: Mapping[str, Any],
     group_size: int,
     rng: np.random.Generator,
     random_negatives: Sequence[str] = (),
+    mode: str = "authors",
 ) -> dict[str, Any]:
     """One positive + (group_size - 1) negatives of a record, with their teacher scores when present.
 
-    Returns {"query", "passages" (group_size texts, positive first), "scores" (list or None)}.
+    mode "authors" (the LMK authors' training collator, DistilEmbedCollator): the FIRST positive, and the
+    negatives drawn uniformly WITH replacement (`random.choices`), however many the record has.
+    mode "flagembedding" (upstream FlagEmbedding's dataset): a random positive, negatives without
+    replacement; a record with too few repeats its list, then samples, so every negative appears before
+    any appears twice. Returns {"query", "passages" (group_size texts, positive first), "scores" (list or None)}.
     """
+    if mode not in SAMPLING_MODES:
+        raise ValueError(f"sampling mode {mode!r} is not valid; allowed values: {', '.join(SAMPLING_MODES)}")
     pos, neg = record["pos"], record["neg"]
     pos_scores, neg_scores = record.get("pos_scores") or [], record.get("neg_scores") or []
-    p = int(rng.integers(len(pos)))
+    p = 0 if mode == "authors" else int(rng.integers(len(pos)))
     passages = [pos[p]]
     scores: list[float] | None = [float(pos_scores[p])] if pos_scores and neg_scores else None
     n = group_size - 1
     if n > 0:
         if neg:
-            if len(neg) >= n:
+            if mode == "authors":
+                idx = rng.integers(len(neg), size=n)
+            elif len(neg) >= n:
                 idx = rng.choice(len(neg), size=n, replace=False)
             else:  # too few: repeat the list so each appears before any repeats, then sample
                 reps = math.ceil(n / len(neg))
@@ -67,6 +78,7 @@ def sample_group(
             if scores is not None:
                 scores += [float(neg_scores[i]) for i in idx]
         else:
+            # The authors' collator adds no negative here (a short group); lmk keeps the group size.
             if not random_negatives:
                 raise ValueError(
                     f"query {record['query']!r:.60} has no negatives and there are no other passages to "

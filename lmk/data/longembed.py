@@ -1,4 +1,4 @@
-"""LongEmbed's synthetic tasks (passkey, needle), regenerated offline by the protocol of method.md s.5.
+"""LongEmbed's synthetic tasks (passkey, needle), regenerated offline by the protocol of docs/method.md section 5.
 
 Per length L in `LENGTHS`: `n_docs` (100) candidate documents shared by `n_queries` (50) queries, each
 query with exactly one relevant document; a document has at most floor(0.75 * L) words.

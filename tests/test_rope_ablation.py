@@ -1,0 +1,42 @@
+"""The RoPE-off recipe: a dry run composes every row at each scale; a real tiny sweep builds its table."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SPEC = "experiments/rope_ablation/spec.yaml"
+ROOT = Path(__file__).resolve().parent.parent
+ROWS = ["cls", "cls-norope", "mean", "mean-norope", "lmk", "lmk-norope"]
+
+
+def sweep(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "lmk.sweep", SPEC, *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=900)
+
+
+@pytest.mark.parametrize("scale", ["tiny", "paper"])
+def test_dry_run_pairs_every_pooling_with_rope_on_and_off(tmp_path: Path, scale: str) -> None:
+    proc = sweep("--scale", scale, "--dry-run", "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    jobs = {j["row"]: j for j in json.loads((tmp_path / "train" / "jobs.json").read_text())["jobs"]}
+    assert list(jobs) == ROWS
+    for row, job in jobs.items():
+        assert ("encoder.rope=false" in job["overrides"]) is row.endswith("-norope")
+    assert len({j["config_hash"] for j in jobs.values()}) == len(ROWS)  # rope on/off are distinct runs
+    assert not (tmp_path / "train" / "cls" / "results.json").exists()
+
+
+@pytest.mark.slow
+def test_tiny_sweep_builds_the_table(tmp_path: Path) -> None:
+    proc = sweep("--scale", "tiny", "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    md = (tmp_path / "rope_ablation.md").read_text()
+    for label in ("| CLS |", "| CLS, RoPE off |", "| Mean, RoPE off |", "| LMK-variable, RoPE off |"):
+        assert label in md
+    results = json.loads((tmp_path / "train" / "cls-norope" / "results.json").read_text())
+    assert results["status"] == "done" and results["config"]["encoder"]["rope"] is False
