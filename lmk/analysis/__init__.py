@@ -1,4 +1,4 @@
-"""Position-bias probes: where does each pooling "look" in a long input? (method.md section 6)
+"""Position-bias probes: where does each pooling "look" in a long input? (docs/method.md section 6)
 
 Three probes, each a plain function over an `EmbeddingModel` (the notebook
 `notebooks/attention_position_bias.ipynb` only calls these), one module each:
