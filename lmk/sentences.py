@@ -1,4 +1,4 @@
-"""Sentence splitting for the `sentence` landmark strategy (method.md sections 1 and 7).
+"""Sentence splitting for the `sentence` landmark strategy (docs/method.md sections 1 and 7).
 
 Three splitters, chosen by ``PoolingConfig.sentence_splitter``:
 
