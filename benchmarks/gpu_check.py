@@ -232,7 +232,7 @@ def check_rehearsal(smoke: bool, work: Path) -> dict[str, Any]:
     wall = time.perf_counter() - t0
     res = read_results(run_dir)
     out = {"row": row.id, "command": " ".join(cmd[1:]), "returncode": proc.returncode, "wall_s": round(wall, 1),
-           "status": res.get("status"), "global_step": (res.get("metrics") or {}).get("global_step"),
+           "run_status": res.get("status"), "global_step": (res.get("metrics") or {}).get("global_step"),
            "groups": (res.get("eval") or {}).get("groups")}
     if proc.returncode != 0:
         out["stderr_tail"] = proc.stderr[-2000:]
@@ -245,7 +245,7 @@ def _section(fn: Callable[[bool, Path], dict[str, Any]], smoke: bool, work: Path
         out = {"status": "ok", **fn(smoke, work)}
     except Exception as exc:  # noqa: BLE001 - one failed section must not hide the others' figures
         out = {"status": "failed", "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc(limit=8)}
-    if out.get("status") == "ok" and out.get("returncode") not in (None, 0):
+    if out["status"] == "ok" and (out.get("returncode") not in (None, 0) or out.get("run_status") not in (None, "done")):
         out["status"] = "failed"
     out["section_s"] = round(time.perf_counter() - t0, 1)
     return out

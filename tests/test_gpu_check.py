@@ -25,7 +25,6 @@ def test_unknown_section_is_refused(capsys):
     assert "bogus" in capsys.readouterr().err
 
 
-@pytest.mark.slow
 def test_cpu_smoke_runs_the_paper_shaped_step_and_encode(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("LMK_CACHE", str(tmp_path / "cache"))
     assert gpu_check.main(["--cpu-smoke", "--sections", "train_step,encode", "--out", str(tmp_path / "gc")]) == 0
@@ -51,4 +50,13 @@ def test_gpu_check_on_a_gpu(tmp_path, capsys):
     step = report["train_step"]
     assert step["queries"] == 256 and step["group_size"] == 8 and step["passage_len"] == 512
     assert step["model_params"] > 140_000_000 and step["peak_memory_gib"] < report["gpu_memory_gib"]
-    assert report["rehearsal"]["status"] == "ok" and report["total_s"] < 480
+    assert report["rehearsal"]["status"] == "ok" and report["rehearsal"]["run_status"] == "done"
+    assert report["total_s"] < 480
+
+
+@pytest.mark.slow
+def test_cpu_smoke_runs_the_rehearsal_row(tmp_path, capsys):
+    assert gpu_check.main(["--cpu-smoke", "--sections", "rehearsal", "--out", str(tmp_path / "gc")]) == 0
+    row = json.loads(capsys.readouterr().out)["rehearsal"]
+    assert row["status"] == "ok" and row["run_status"] == "done" and row["global_step"] == 3, row
+    assert set(row["groups"]) >= {"msmarco-dev", "longembed6"}
