@@ -313,34 +313,73 @@ def encoder_shape(encoder: Any) -> EncoderShape:
     return EncoderShape.from_config(base)
 
 
-def job_memory(cfg: Any) -> MemoryEstimate:
-    """The memory estimate of one composed `lmk.train` job config (DictConfig or dict)."""
+def _sections(cfg: Any) -> dict[str, Any]:
     from lmk.config import to_container
 
-    c = to_container(cfg) if not isinstance(cfg, dict) else cfg
-    enc, data, train = c.get("encoder") or {}, c.get("data") or {}, c.get("train") or {}
+    return to_container(cfg) if not isinstance(cfg, dict) else cfg
+
+
+def job_world_size(cfg: Any) -> int:
+    """Data-parallel ranks of a job: trainer.devices (or launcher.gpus_per_node) x trainer.num_nodes."""
+    c = _sections(cfg)
     trainer, launcher = c.get("trainer") or {}, c.get("launcher") or {}
     devices = trainer.get("devices", 1)
     per_node = devices if isinstance(devices, int) else int(launcher.get("gpus_per_node", 1) or 1)
-    world = max(1, per_node) * int(trainer.get("num_nodes", 1) or 1)
+    return max(1, per_node) * int(trainer.get("num_nodes", 1) or 1)
+
+
+def job_memory(cfg: Any) -> MemoryEstimate:
+    """The memory estimate of one composed `lmk.train` job config (DictConfig or dict)."""
+    c = _sections(cfg)
+    enc, data, train, trainer = (c.get(k) or {} for k in ("encoder", "data", "train", "trainer"))
     return estimate_memory(
         encoder_shape(enc), queries=int(data.get("batch_size", 1)), group_size=int(data.get("group_size", 1)),
         query_len=int(data.get("query_max_length", 128)), passage_len=int(data.get("passage_max_length", 512)),
         precision=Precision.of(trainer.get("precision", "32-true"), enc.get("dtype", "float32")),
         checkpointing=bool(enc.get("gradient_checkpointing", False)),
         grad_cache_chunk=int(train.get("grad_cache_chunk", 32)) if train.get("grad_cache") else None,
-        world_size=world, attn_implementation=str(enc.get("attn_implementation", "sdpa")),
+        world_size=job_world_size(c), attn_implementation=str(enc.get("attn_implementation", "sdpa")),
     )
+
+
+def job_train_flops(cfg: Any) -> dict[str, float]:
+    """Training tokens and FLOPs of one job (every rank, every step, texts padded to their max length):
+    the numerator of a GPU-hours estimate (divide by a measured or published FLOP/s)."""
+    c = _sections(cfg)
+    enc, data, train, trainer = (c.get(k) or {} for k in ("encoder", "data", "train", "trainer"))
+    shape = encoder_shape(enc)
+    steps, world = int(trainer.get("max_steps", 1)), job_world_size(c)
+    b, g = int(data.get("batch_size", 1)), int(data.get("group_size", 1))
+    q_len, p_len = int(data.get("query_max_length", 128)), int(data.get("passage_max_length", 512))
+    ckpt, cache = bool(enc.get("gradient_checkpointing", False)), bool(train.get("grad_cache", False))
+    per_step = b * q_len * shape.train_flops_per_token(q_len, ckpt, cache) + \
+        b * g * p_len * shape.train_flops_per_token(p_len, ckpt, cache)
+    tokens = steps * world * b * (q_len + g * p_len)
+    return {"steps": steps, "world_size": world, "tokens": float(tokens), "flops": float(steps * world * per_step)}
+
+
+FIT_HINT = ("to fit: train.grad_cache=true (same loss, one chunk in flight), encoder.dtype=bfloat16 or "
+            "trainer.precision=bf16-true, or a smaller data.batch_size on more GPUs (launcher.nodes)")
 
 
 def job_report(cfg: Any) -> dict[str, Any]:
     """What the row sweeper prints and stores in jobs.json for a job: the memory estimate against
     `launcher.gpu_memory_gb` (null for CPU jobs: then no verdict)."""
-    from lmk.config import to_container
-
-    c = to_container(cfg) if not isinstance(cfg, dict) else cfg
+    c = _sections(cfg)
     gpu_gb = (c.get("launcher") or {}).get("gpu_memory_gb")
     est = job_memory(c)
-    return {"memory_gib": est.gib(), "gpu_memory_gb": gpu_gb,
-            "fits": None if gpu_gb is None else est.fits(float(gpu_gb)),
-            "notes": est.notes, "summary": "memory per device: " + est.summary(gpu_gb)}
+    fits = None if gpu_gb is None else est.fits(float(gpu_gb))
+    summary = "memory per device: " + est.summary(gpu_gb) + ("" if fits is not False else f"; {FIT_HINT}")
+    return {"memory_gib": est.gib(), "gpu_memory_gb": gpu_gb, "fits": fits, "notes": est.notes,
+            "world_size": job_world_size(c), "summary": summary}
+
+
+def read_gpu_check(path: str | os.PathLike = "outputs/gpu_check/gpu_check.json") -> dict[str, Any] | None:
+    """The measured throughput that `make gpu-check` wrote (its "throughput" section), or None."""
+    if not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as fh:
+        report = json.load(fh)
+    if report.get("status") != "ok" or report.get("mode") != "gpu":
+        return None  # a CPU smoke run or a failed check measures nothing usable for a GPU estimate
+    return report.get("throughput")

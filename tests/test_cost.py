@@ -11,7 +11,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from lmk.cost import GIB, EncoderShape, Precision, estimate_memory, job_memory, job_report, shipped_config
+from lmk.cost import (
+    GIB,
+    EncoderShape,
+    Precision,
+    estimate_memory,
+    job_memory,
+    job_report,
+    job_train_flops,
+    read_gpu_check,
+    shipped_config,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 BASE = EncoderShape.from_config(shipped_config("modernbert-base"))
@@ -115,3 +125,29 @@ def test_paper_dry_run_prints_the_memory_estimate(tmp_path):
     assert "memory per device:" in proc.stdout + proc.stderr and "fits a 80 GB GPU" in proc.stdout + proc.stderr
     job = json.loads((out / "train" / "jobs.json").read_text())["jobs"][0]
     assert job["report"]["fits"] is True and job["report"]["memory_gib"]["total"] > 1
+
+
+def test_a_job_that_does_not_fit_names_the_keys_that_fix_it():
+    report = job_report(_compose("experiment=table2-paper", "pooling=cls", "launcher=submitit_slurm",
+                                 "train.grad_cache=false"))
+    assert report["fits"] is False and "DOES NOT FIT" in report["summary"]
+    assert "train.grad_cache=true" in report["summary"] and "encoder.dtype=bfloat16" in report["summary"]
+    assert report["world_size"] == 24
+
+
+def test_job_train_flops_of_the_paper_run():
+    out = job_train_flops(_compose("experiment=table2-paper", "pooling=cls", "launcher=submitit_slurm"))
+    assert out["steps"] == 5000 and out["world_size"] == 24
+    assert out["tokens"] == 5000 * 24 * 256 * (128 + 8 * 512)
+    per_token = BASE.train_flops_per_token(512, checkpointing=True, grad_cache=True)
+    assert out["flops"] == pytest.approx(out["tokens"] * per_token, rel=0.01)  # queries are 3% of the tokens
+
+
+def test_read_gpu_check_takes_only_a_gpu_measurement(tmp_path):
+    path = tmp_path / "gpu_check.json"
+    assert read_gpu_check(path) is None
+    tp = {"train_tokens_per_s": 1.0e5, "encode_tokens_per_s": {"512": 2.0e5}}
+    path.write_text(json.dumps({"status": "ok", "mode": "cpu-smoke", "throughput": tp}))
+    assert read_gpu_check(path) is None
+    path.write_text(json.dumps({"status": "ok", "mode": "gpu", "throughput": tp}))
+    assert read_gpu_check(path) == tp
