@@ -251,3 +251,19 @@ def test_bf16_mixed_with_teacher_scores_and_checkpointing(tmp_path, grad_cache):
     assert module.global_step == 2
     losses = [float(r["train/loss"]) for r in csv.DictReader(open(tmp_path / "metrics.csv")) if r.get("train/loss")]
     assert len(losses) == 2 and all(torch.isfinite(torch.tensor(losses)))
+
+
+@pytest.mark.parametrize("precision", ["bf16-true"])
+def test_bf16_weights_train_with_teacher_scores(tmp_path, precision):
+    """The 'bf16 weights' way to fit the paper batch (trainer.precision=bf16-true): finite float32 loss."""
+    pl.seed_everything(0)
+    model = build_model(TINY, "lmk-fixed")
+    module = ContrastiveModule(model, tau=0.02, lr=1e-3, warmup_steps=0, max_steps=2, grad_cache=True,
+                               grad_cache_chunk=3)
+    before = {k: v.detach().float().clone() for k, v in module.model.state_dict().items()}
+    trainer(tmp_path, 2, precision=precision).fit(module, train_dataloaders=_TeacherLoader(loader(model)))
+    assert module.global_step == 2
+    weights = dict(module.model.named_parameters())
+    assert next(iter(weights.values())).dtype == torch.bfloat16
+    assert all(torch.isfinite(p).all() for p in weights.values())
+    assert any(not torch.equal(before[k], v.detach().float()) for k, v in weights.items() if k in before)
