@@ -10,13 +10,14 @@ OUT    ?= outputs
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: install test test-slow test-all lint reproduce-table2 table2 notebooks bench clean help
+.PHONY: install test test-slow test-all lint reproduce-table2 table2 notebooks bench gpu-check clean help
 
 help:
-	@echo "make reproduce-table2 [SCALE=mini|paper|tiny] [FORCE=1]  sweep + table"
+	@echo "make reproduce-table2 [SCALE=mini|rehearsal|paper|tiny] [FORCE=1]  sweep + table"
 	@echo "make table2 [SCALE=...]          re-aggregate the table from results files"
 	@echo "make test | test-slow | lint     tests (fast / slow) and ruff"
 	@echo "make notebooks | bench           execute notebooks / run benchmarks"
+	@echo "make gpu-check                   paper-shaped step + encode tokens/s + rehearsal row on a GPU (JSON)"
 
 install: $(STAMP)
 
@@ -51,6 +52,10 @@ notebooks: install
 
 bench: install
 	$(PY) -m benchmarks.run --size full --out $(OUT)/bench
+
+# One JSON report (and $(OUT)/gpu_check/gpu_check.json, read by the cost estimate); skips without CUDA.
+gpu-check: install
+	$(PY) -m benchmarks.gpu_check --out $(OUT)/gpu_check
 
 clean:
 	rm -rf $(OUT) multirun .pytest_cache

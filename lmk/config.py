@@ -137,7 +137,7 @@ class LoggerSection:
 class LauncherSection:
     """`launcher.*`: where jobs run; submitit_slurm feeds these into hydra.launcher."""
 
-    name: Literal["local", "submitit_slurm"] = "local"
+    name: Literal["local", "submitit_slurm", "submitit_local"] = "local"
     partition: str | None = None
     account: str | None = None
     qos: str | None = None
@@ -146,9 +146,14 @@ class LauncherSection:
     cpus_per_task: int = 8
     mem_gb: int | None = None
     timeout: int = 240  # minutes
+    # Memory of one GPU: the dry run compares each job's memory estimate (lmk.cost) with it; null = no check.
+    gpu_memory_gb: float | None = None
+    tasks_per_node: int | None = None  # processes per node (submitit); None = gpus_per_node
 
     def __post_init__(self) -> None:
         _at_least("launcher.nodes", self.nodes, 1)
+        if self.gpu_memory_gb is not None:
+            _positive("launcher.gpu_memory_gb", self.gpu_memory_gb)
         _at_least("launcher.gpus_per_node", self.gpus_per_node, 0)
         _at_least("launcher.timeout", self.timeout, 1)
 

@@ -92,6 +92,23 @@ def _model_kwargs(cfg: EncoderConfig) -> dict[str, Any]:
     }
 
 
+# Keys of a saved config.json that describe the file, not the model (for_model refuses some of them).
+_CONFIG_FILE_KEYS = ("architectures", "model_type", "transformers_version", "torch_dtype", "dtype", "_name_or_path")
+
+
+def _base_config(cfg: EncoderConfig) -> dict[str, Any]:
+    """`encoder.config` (a shipped resource name or a config.json path) as config kwargs; {} when unset."""
+    if not cfg.config:
+        return {}
+    from lmk.cost import load_config_json
+
+    base = load_config_json(cfg.config)
+    if base.get("model_type", cfg.architecture) != cfg.architecture:
+        raise ValueError(f"encoder {cfg.name!r}: config {cfg.config!r} is a {base['model_type']!r} config but "
+                         f"architecture={cfg.architecture!r}; make them agree")
+    return {k: v for k, v in base.items() if k not in _CONFIG_FILE_KEYS}
+
+
 def _random_backbone(cfg: EncoderConfig, tok: PreTrainedTokenizerBase) -> PreTrainedModel:
     overrides = dict(cfg.config_overrides)
     # The vocabulary and special ids come from the tokenizer: ModernBERT's defaults (50281..) are outside
@@ -107,8 +124,9 @@ def _random_backbone(cfg: EncoderConfig, tok: PreTrainedTokenizerBase) -> PreTra
     for k, v in special.items():
         overrides.setdefault(k, v)
     overrides.setdefault("max_position_embeddings", cfg.max_positions)
+    base = _base_config(cfg)
     try:
-        config = AutoConfig.for_model(cfg.architecture, **overrides)
+        config = AutoConfig.for_model(cfg.architecture, **{**base, **overrides})
     except ValueError as e:
         raise ValueError(
             f"encoder {cfg.name!r}: unknown architecture {cfg.architecture!r} for random init ({e}); "

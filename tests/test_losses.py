@@ -90,3 +90,27 @@ def test_bf16_inputs_are_scored_in_float32():
     ref = info_nce(q, p, tau=0.02).item()
     assert info_nce(q.bfloat16(), p.bfloat16(), tau=0.02).dtype == torch.float32
     assert info_nce(q.bfloat16(), p.bfloat16(), tau=0.02).item() == pytest.approx(ref, rel=0.1)
+
+
+@pytest.mark.parametrize("in_batch", [True, False])
+def test_distillation_under_bf16_autocast_is_float32(in_batch):
+    """Under autocast `q.float() @ p.float().T` is bf16: the old mask index_put raised a dtype mismatch."""
+    q, p = _emb(4).requires_grad_(), _emb(8, seed=3).requires_grad_()
+    teacher = torch.randn(4, 2, generator=torch.Generator().manual_seed(1))
+    ref = info_nce(q, p, tau=0.02, group_size=2, in_batch=in_batch, teacher_scores=teacher)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = info_nce(q, p, tau=0.02, group_size=2, in_batch=in_batch, teacher_scores=teacher)
+    assert loss.dtype == torch.float32
+    # scored in float32, the loss equals the autocast-free one (bf16 logits at 1/0.02 would not)
+    assert loss.item() == pytest.approx(ref.item(), rel=1e-6)
+    loss.backward()
+    assert q.grad is not None and q.grad.dtype == torch.float32 and torch.isfinite(q.grad).all()
+
+
+def test_bf16_embeddings_under_autocast_get_gradients():
+    q = _emb(4).bfloat16().requires_grad_()
+    p = _emb(8, seed=3).bfloat16().requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = info_nce(q, p, group_size=2, teacher_scores=torch.zeros(4, 2))
+    loss.backward()
+    assert loss.dtype == torch.float32 and p.grad is not None and p.grad.dtype == torch.bfloat16

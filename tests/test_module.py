@@ -279,3 +279,52 @@ def test_ddp_two_processes_equal_single_process(tmp_path, grad_cache):
     # embedding entries still differ by up to ~5e-5 (lr 1e-3) after two steps; cause not pinned down.
     for k in single_params:
         torch.testing.assert_close(ddp_params[k], single_params[k], atol=1e-4, rtol=1e-3)
+
+
+class _TeacherLoader:
+    """The collated batches with teacher scores added (what cfli/bge-full-data's pos/neg_scores give)."""
+
+    def __init__(self, dl: DataLoader) -> None:
+        self.dl = dl
+
+    def __len__(self) -> int:
+        return len(self.dl)
+
+    def __iter__(self):
+        for batch in self.dl:
+            b = batch["query"]["input_ids"].shape[0]
+            batch["teacher_scores"] = torch.tensor([[3.0, 1.0]]).repeat(b, 1)
+            yield batch
+
+
+@pytest.mark.parametrize("grad_cache", [False, True])
+def test_bf16_mixed_with_teacher_scores_and_checkpointing(tmp_path, grad_cache):
+    """Issue 12.1: bf16-mixed + teacher scores crashed at step 1 (bf16 mask, float32 index_put)."""
+    from lightning.pytorch.loggers import CSVLogger
+
+    pl.seed_everything(0)
+    model = build_model(TINY, "lmk-fixed")
+    module = ContrastiveModule(model, tau=0.02, lr=1e-3, warmup_steps=0, max_steps=2, grad_cache=grad_cache,
+                               grad_cache_chunk=3, gradient_checkpointing=True)
+    dl = _TeacherLoader(loader(model))
+    t = trainer(tmp_path, 2, precision="bf16-mixed", logger=CSVLogger(str(tmp_path), name="", version=""))
+    t.fit(module, train_dataloaders=dl)
+    assert module.global_step == 2
+    losses = [float(r["train/loss"]) for r in csv.DictReader(open(tmp_path / "metrics.csv")) if r.get("train/loss")]
+    assert len(losses) == 2 and all(torch.isfinite(torch.tensor(losses)))
+
+
+@pytest.mark.parametrize("precision", ["bf16-true"])
+def test_bf16_weights_train_with_teacher_scores(tmp_path, precision):
+    """The 'bf16 weights' way to fit the paper batch (trainer.precision=bf16-true): finite float32 loss."""
+    pl.seed_everything(0)
+    model = build_model(TINY, "lmk-fixed")
+    module = ContrastiveModule(model, tau=0.02, lr=1e-3, warmup_steps=0, max_steps=2, grad_cache=True,
+                               grad_cache_chunk=3)
+    before = {k: v.detach().float().clone() for k, v in module.model.state_dict().items()}
+    trainer(tmp_path, 2, precision=precision).fit(module, train_dataloaders=_TeacherLoader(loader(model)))
+    assert module.global_step == 2
+    weights = dict(module.model.named_parameters())
+    assert next(iter(weights.values())).dtype == torch.bfloat16
+    assert all(torch.isfinite(p).all() for p in weights.values())
+    assert any(not torch.equal(before[k], v.detach().float()) for k, v in weights.items() if k in before)

@@ -42,6 +42,10 @@ class RowSweeperConf:
     # Dotted path of a function called with each job's config before anything launches (e.g.
     # lmk.config.validate): a bad row fails the whole sweep in seconds, not after the first row.
     validate: Optional[str] = None  # noqa: UP045
+    # Dotted path of a function called with each job's config that returns a dict with a "summary"
+    # line (printed per row, stored in jobs.json): by default the per-device memory estimate against
+    # launcher.gpu_memory_gb. Null to turn it off.
+    report: Optional[str] = "lmk.cost.job_report"  # noqa: UP045
 
 
 ConfigStore.instance().store(group="hydra/sweeper", name="rows", node=RowSweeperConf, provider="lmk")
@@ -115,11 +119,12 @@ class RowSweeper(Sweeper):
         dry_run: bool = False,
         max_batch_size: int | None = None,
         validate: str | None = None,
+        report: str | None = None,
     ) -> None:
         super().__init__()
         self.rows = load_rows(dict(rows or {}), rows_file)
         self.force, self.dry_run, self.max_batch_size = force, dry_run, max_batch_size
-        self.validate = validate
+        self.validate, self.report = validate, report
         self.config: DictConfig | None = None
         self.launcher: Launcher | None = None
         self.hydra_context: HydraContext | None = None
@@ -146,11 +151,10 @@ class RowSweeper(Sweeper):
                     "put each variant in its own row"
                 )
         sweep_dir = Path(self.config.hydra.sweep.dir)
-        check = None
-        if self.validate:
-            from hydra.utils import get_method
+        from hydra.utils import get_method
 
-            check = get_method(self.validate)
+        check = get_method(self.validate) if self.validate else None
+        report = get_method(self.report) if self.report else None
         jobs = []
         for row, row_overrides in self.rows.items():
             overrides = [*arguments, *row_overrides, f"++row={row}", f"hydra.sweep.subdir={row}"]
@@ -163,6 +167,7 @@ class RowSweeper(Sweeper):
             digest = config_hash_of(job_cfg)
             if check is not None:
                 self._check_job(check, job_cfg, sweep_dir / row, row, row_overrides)
+            job_report = self._report_job(report, job_cfg, sweep_dir / row) if report is not None else None
             job_dir = sweep_dir / row
             previous = read_results(job_dir)
             done = (
@@ -173,28 +178,47 @@ class RowSweeper(Sweeper):
             if previous and previous.get("config_hash") not in (None, digest) and not self.force:
                 log.info("row %s: config changed since the last run (%s -> %s), recomputing",
                          row, previous.get("config_hash"), digest)
-            jobs.append({"row": row, "overrides": overrides, "job_dir": str(job_dir),
-                         "config_hash": digest, "skip": done, "effective_batch": _effective_batch(job_cfg)})
+            job = {"row": row, "overrides": overrides, "job_dir": str(job_dir), "config_hash": digest,
+                   "skip": done, "effective_batch": _effective_batch(job_cfg)}
+            if job_report is not None:
+                job["report"] = job_report
+            jobs.append(job)
         return jobs
 
     def _check_job(self, check: Any, job_cfg: DictConfig, job_dir: Path, row: str, row_overrides: list[str]) -> None:
         """Run `check` on the job's config as the job would see it (Hydra runtime set to its folder)."""
-        from hydra.core.hydra_config import HydraConfig
-        from omegaconf import open_dict
-
-        with open_dict(job_cfg):
-            job_cfg.hydra.runtime.output_dir = str(job_dir)
-            job_cfg.hydra.job.num = 0
-        previous = HydraConfig.instance().cfg
-        HydraConfig.instance().set_config(job_cfg)
         try:
-            task_cfg = OmegaConf.masked_copy(job_cfg, [k for k in job_cfg if k != "hydra"])
-            check(task_cfg)
+            self._call_on_job(check, job_cfg, job_dir)
         except Exception as exc:
             from lmk.config import ConfigError
 
             # ConfigError is a compact Hydra error: one line naming the row, no traceback
             raise ConfigError(f"row {row!r} ({' '.join(row_overrides)}): {exc}") from exc
+
+    def _report_job(self, report: Any, job_cfg: DictConfig, job_dir: Path) -> Optional[Dict[str, Any]]:  # noqa: UP006, UP045
+        """The job's report (memory estimate); a failure to estimate is logged, never fatal."""
+        try:
+            return self._call_on_job(report, job_cfg, job_dir)
+        except Exception as exc:  # noqa: BLE001 - an estimate must not stop a sweep
+            log.warning("row %s: no report from %s (%s: %s)", job_dir.name, self.report, type(exc).__name__, exc)
+            return None
+
+    @staticmethod
+    def _call_on_job(fn: Any, job_cfg: DictConfig, job_dir: Path) -> Any:
+        from hydra.core.hydra_config import HydraConfig
+        from omegaconf import open_dict, read_write
+
+        # set_config makes the config read-only: a second call on the same job must reopen it
+        with read_write(job_cfg), open_dict(job_cfg):
+            with read_write(job_cfg.hydra.runtime):
+                job_cfg.hydra.runtime.output_dir = str(job_dir)
+            with read_write(job_cfg.hydra.job):
+                job_cfg.hydra.job.num = 0
+        previous = HydraConfig.instance().cfg
+        HydraConfig.instance().set_config(job_cfg)
+        try:
+            task_cfg = OmegaConf.masked_copy(job_cfg, [k for k in job_cfg if k != "hydra"])
+            return fn(task_cfg)
         finally:
             if previous is not None:
                 HydraConfig.instance().cfg = previous
@@ -225,6 +249,8 @@ class RowSweeper(Sweeper):
                 log.info("row %-16s effective batch %s queries (%s per device x %s devices x %s nodes x %s "
                          "accumulation)", j["row"], batch["queries"], batch["per_device"], batch["devices"],
                          batch["nodes"], batch["accumulation"])
+            if j.get("report") and j["report"].get("summary"):
+                log.info("row %-16s %s", j["row"], j["report"]["summary"])
         if self.dry_run:
             log.info("dry run: %d jobs planned, %d to launch; plan in %s", len(jobs), len(pending),
                      sweep_dir / "jobs.json")

@@ -1,0 +1,153 @@
+"""lmk.cost: parameter count, FLOPs and the per-device memory estimate (and the paper config fits 80 GB)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from lmk.cost import (
+    GIB,
+    EncoderShape,
+    Precision,
+    estimate_memory,
+    job_memory,
+    job_report,
+    job_train_flops,
+    read_gpu_check,
+    shipped_config,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+BASE = EncoderShape.from_config(shipped_config("modernbert-base"))
+PAPER = dict(queries=256, group_size=8, query_len=128, passage_len=512)
+MIXED = Precision.of("bf16-mixed")
+
+
+def _compose(*overrides: str):
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
+        return compose("train", overrides=["+row=x", "run_dir=/tmp/lmk-cost", *overrides])
+
+
+def test_modernbert_base_parameter_count():
+    assert BASE.params() == 149_014_272  # the published ModernBERT-base size
+
+
+@pytest.mark.parametrize("arch", ["modernbert", "bert"])
+def test_params_equal_an_instantiated_model(arch):
+    from transformers import AutoConfig, AutoModel
+
+    sizes = dict(num_hidden_layers=3, hidden_size=64, intermediate_size=96, num_attention_heads=4, vocab_size=500,
+                 pad_token_id=0, bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2)
+    config = AutoConfig.for_model(arch, **sizes)
+    with torch.device("meta"):
+        model = AutoModel.from_config(config, add_pooling_layer=False) if arch == "bert" else AutoModel.from_config(config)
+    assert EncoderShape.from_config(config.to_dict()).params() == sum(p.numel() for p in model.parameters())
+
+
+def test_activations_are_linear_in_the_batch():
+    one = estimate_memory(BASE, **{**PAPER, "queries": 64}, precision=MIXED, checkpointing=True)
+    two = estimate_memory(BASE, **{**PAPER, "queries": 128}, precision=MIXED, checkpointing=True)
+    assert two.activations == pytest.approx(2 * one.activations)
+    assert two.tokens_in_flight == 2 * one.tokens_in_flight
+    assert two.weights == one.weights and two.optimizer == one.optimizer  # independent of the batch
+
+
+def test_checkpointing_reduces_activations_and_mixed_keeps_an_fp32_stream():
+    full = estimate_memory(BASE, **PAPER, precision=MIXED, checkpointing=False)
+    ckpt = estimate_memory(BASE, **PAPER, precision=MIXED, checkpointing=True)
+    assert ckpt.activations < full.activations / 4
+    # the checkpointed layer inputs of 256 x 8 x 512 tokens in fp32 alone: ~70 GB (issue 12.6)
+    layer_inputs = 256 * 8 * 512 * 768 * 4 * 22
+    assert layer_inputs < ckpt.activations < layer_inputs * 1.6
+    half = estimate_memory(BASE, **PAPER, precision=Precision.of("bf16-true"), checkpointing=True)
+    assert half.activations < ckpt.activations and half.weights == ckpt.weights / 2
+
+
+def test_grad_cache_bounds_activations():
+    small = estimate_memory(BASE, **PAPER, precision=MIXED, checkpointing=True, grad_cache_chunk=64)
+    big = estimate_memory(BASE, **{**PAPER, "queries": 1024}, precision=MIXED, checkpointing=True, grad_cache_chunk=64)
+    assert small.activations == big.activations and small.tokens_in_flight == 64 * 512
+    uncached = estimate_memory(BASE, **PAPER, precision=MIXED, checkpointing=True)
+    assert small.activations < uncached.activations / 20
+
+
+def test_optimizer_state_and_ddp_buckets():
+    one = estimate_memory(BASE, **PAPER, precision=MIXED, world_size=1)
+    many = estimate_memory(BASE, **PAPER, precision=MIXED, world_size=24)
+    assert one.optimizer == 2 * one.weights == 2 * BASE.params() * 4 and one.autocast_weights == BASE.params() * 2
+    assert one.ddp_buckets == 0 and many.ddp_buckets == one.grads
+
+
+def test_flops_per_token():
+    dense = 2 * BASE.layers * BASE.layer_params()
+    assert BASE.forward_flops_per_token(512) > dense
+    # sliding-window layers cost the same at 512 and 8192; global ones grow with the length
+    long, short = BASE.forward_flops_per_token(8192), BASE.forward_flops_per_token(512)
+    globals_ = len(range(0, 22, 3))
+    assert long - short == pytest.approx(4 * (8192 - 512) * 768 * globals_)
+    assert BASE.train_flops_per_token(512, checkpointing=True) == 4 * short
+    assert replace(BASE, local_window=None).forward_flops_per_token(8192) > long
+
+
+def test_paper_config_fits_an_80gb_gpu_by_its_own_estimate():
+    cfg = _compose("experiment=table2-paper", "pooling=lmk-variable", "launcher=submitit_slurm")
+    report = job_report(cfg)
+    assert report["gpu_memory_gb"] == 80 and report["fits"] is True, report["summary"]
+    assert report["memory_gib"]["total"] < 80 and "fits a 80 GB GPU" in report["summary"]
+    # ... and it is grad cache that makes it fit: the same batch without it does not
+    nocache = job_memory(_compose("experiment=table2-paper", "pooling=cls", "launcher=submitit_slurm",
+                                  "train.grad_cache=false"))
+    assert not nocache.fits(80) and nocache.total > 80 * GIB
+
+
+def test_each_fitting_key_lowers_the_estimate():
+    base = ["experiment=table2-paper", "pooling=cls", "launcher=submitit_slurm", "train.grad_cache=false"]
+    ref = job_memory(_compose(*base)).total
+    assert job_memory(_compose(*base, "encoder.dtype=bfloat16")).total < ref
+    assert job_memory(_compose(*base, "trainer.precision=bf16-true")).total < ref
+    assert job_memory(_compose(*base, "data.batch_size=64")).total < ref / 3
+
+
+def test_paper_dry_run_prints_the_memory_estimate(tmp_path):
+    out = tmp_path / "paper"
+    proc = subprocess.run([sys.executable, "-m", "lmk.sweep", "experiments/table2/spec.yaml", "--scale", "paper",
+                           "--dry-run", "--out", str(out), "--rows", "cls"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "memory per device:" in proc.stdout + proc.stderr and "fits a 80 GB GPU" in proc.stdout + proc.stderr
+    job = json.loads((out / "train" / "jobs.json").read_text())["jobs"][0]
+    assert job["report"]["fits"] is True and job["report"]["memory_gib"]["total"] > 1
+
+
+def test_a_job_that_does_not_fit_names_the_keys_that_fix_it():
+    report = job_report(_compose("experiment=table2-paper", "pooling=cls", "launcher=submitit_slurm",
+                                 "train.grad_cache=false"))
+    assert report["fits"] is False and "DOES NOT FIT" in report["summary"]
+    assert "train.grad_cache=true" in report["summary"] and "encoder.dtype=bfloat16" in report["summary"]
+    assert report["world_size"] == 24
+
+
+def test_job_train_flops_of_the_paper_run():
+    out = job_train_flops(_compose("experiment=table2-paper", "pooling=cls", "launcher=submitit_slurm"))
+    assert out["steps"] == 5000 and out["world_size"] == 24
+    assert out["tokens"] == 5000 * 24 * 256 * (128 + 8 * 512)
+    per_token = BASE.train_flops_per_token(512, checkpointing=True, grad_cache=True)
+    assert out["flops"] == pytest.approx(out["tokens"] * per_token, rel=0.01)  # queries are 3% of the tokens
+
+
+def test_read_gpu_check_takes_only_a_gpu_measurement(tmp_path):
+    path = tmp_path / "gpu_check.json"
+    assert read_gpu_check(path) is None
+    tp = {"train_tokens_per_s": 1.0e5, "encode_tokens_per_s": {"512": 2.0e5}}
+    path.write_text(json.dumps({"status": "ok", "mode": "cpu-smoke", "throughput": tp}))
+    assert read_gpu_check(path) is None
+    path.write_text(json.dumps({"status": "ok", "mode": "gpu", "throughput": tp}))
+    assert read_gpu_check(path) == tp
