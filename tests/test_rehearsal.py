@@ -41,6 +41,44 @@ def test_rehearsal_composes_to_the_paper_config_with_only_sizes_changed():
     assert set(rehearsal.eval.groups) == set(paper.eval.groups)  # the paper's columns
 
 
+def _flat(node, prefix: str = "") -> dict:
+    from omegaconf import OmegaConf
+
+    data = OmegaConf.to_container(node, resolve=False) if not isinstance(node, dict) else node
+    out = {}
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        out.update(_flat(value, name + ".") if isinstance(value, dict) and value else {name: value})
+    return out
+
+
+# What the rehearsal may change: sizes, and the CPU/offline stand-ins for cluster resources. Anything
+# else that differs from the paper config fails here, so the rehearsal keeps exercising the paper's path.
+REHEARSAL_CHANGES = {
+    "name", "encoder.name", "encoder.source", "encoder.model_id", "encoder.config_overrides", "encoder.max_positions",
+    "encoder.seed",
+    "data.sources", "data.batch_size", "data.group_size", "data.query_max_length", "data.passage_max_length",
+    "data.max_rows", "data.num_workers",
+    "eval", "train.warmup_steps", "train.grad_cache_chunk", "train.checkpoint_every_n_steps",
+    "trainer.accelerator", "trainer.devices", "trainer.num_nodes", "trainer.max_steps", "trainer.log_every_n_steps",
+    "trainer.enable_model_summary", "trainer.enable_progress_bar",
+    "launcher",
+}
+
+
+def test_rehearsal_differs_from_the_paper_config_only_in_sizes_and_stand_ins():
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
+        paper = compose("train", overrides=["experiment=table2-paper", "+row=x", "run_dir=/tmp/x"])
+        rehearsal = compose("train", overrides=["experiment=table2-rehearsal", "+row=x", "run_dir=/tmp/x"])
+    p, r = _flat(paper), _flat(rehearsal)
+    changed = {k for k in set(p) | set(r) if p.get(k) != r.get(k)}
+    allowed = {k for k in changed if any(k == a or k.startswith(a + ".") for a in REHEARSAL_CHANGES)}
+    assert changed - allowed == set(), {k: (p.get(k), r.get(k)) for k in changed - allowed}
+    assert r["data.sources"][0]["data_files"] == p["data.sources"][0]["data_files"]  # the same subset, a replica
+
+
 @pytest.mark.slow
 def test_rehearsal_row_runs_end_to_end(tmp_path):
     out = tmp_path / "rehearsal"
