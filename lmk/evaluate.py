@@ -102,17 +102,27 @@ def _pooling_overridden() -> bool:
 def validate_config(cfg: DictConfig) -> None:
     """Check an evaluate config without loading anything (the row sweeper calls this per job)."""
     from lmk.model_config import EncoderConfig, PoolingConfig
+    from lmk.prefetch import preflight
 
     EvalConfig.from_cfg(cfg.eval)
     if cfg.get("encoder") is not None:
         EncoderConfig.coerce(cfg.encoder)
     if cfg.get("pooling") is not None:
         PoolingConfig.coerce(cfg.pooling)
+    model = cfg.get("model")
+    if model not in (None, "", "null") and not Path(str(model)).expanduser().exists():
+        raise FileNotFoundError(f"model={model!r} does not exist; give a training run dir, an exported model "
+                                "folder, a .ckpt or null")
+    preflight(cfg)  # eval task names resolve (mteb's registry, offline), the hub mirror is set
 
 
 def run(cfg: DictConfig, run_dir: str | os.PathLike | None = None, cross_pooling: bool | None = None) -> dict[str, Any]:
     """Evaluate per `cfg` (the composed evaluate config); returns the eval section written to results.json."""
     eval_cfg = EvalConfig.from_cfg(cfg.eval)  # bad values fail here, before loading anything
+    validate_config(cfg)  # task names and paths: before the model loads
+    from lmk.prefetch import check_available
+
+    check_available(cfg)  # offline (HF_HUB_OFFLINE): every hub dataset / model is on disk, else name them
     if run_dir is None:
         from hydra.core.hydra_config import HydraConfig
 

@@ -56,6 +56,7 @@ class Artifact:
     config: str | None = None    # dataset config name (LongEmbed's "needle", ...)
     data_files: Any = None       # training data: only these files of the repo
     what: str = ""               # who loads it: "encoder", "tokenizer", "training data", "eval task SciFact"
+    task: str | None = None      # the mteb task that reads it (cache-mode prefetch runs its own load_data)
 
     @property
     def key(self) -> tuple[str, str, str | None]:
@@ -85,6 +86,20 @@ def _plain(node: Any) -> Any:
     except ImportError:  # pragma: no cover - omegaconf is a dependency
         pass
     return node
+
+
+def _sources(data: Any) -> list[dict[str, Any]]:
+    """A data config's sources as plain dicts (typed SourceConfig, mapping or a bare path string)."""
+    import dataclasses
+
+    out = []
+    for src in _plain(_get(data, "sources")) or []:
+        if isinstance(src, str):
+            src = {"path": src}
+        elif dataclasses.is_dataclass(src):
+            src = dataclasses.asdict(src)
+        out.append(dict(src))
+    return out
 
 
 def is_hub_id(ref: Any) -> bool:
@@ -119,8 +134,7 @@ def encoder_artifacts(encoder: Any) -> list[Artifact]:
 def data_artifacts(data: Any) -> list[Artifact]:
     """The hub datasets a data config's sources load."""
     out = []
-    for src in _plain(_get(data, "sources")) or []:
-        src = {"path": src} if isinstance(src, str) else dict(src)
+    for src in _sources(data):
         path = src.get("path", LOCAL_DATA)
         if path != LOCAL_DATA and is_hub_id(path) and not Path(path).suffix:
             out.append(Artifact("dataset", path, src.get("revision"), src.get("subset"), _plain(src.get("data_files")),
@@ -146,7 +160,7 @@ def eval_artifacts(eval_cfg: Any) -> list[Artifact]:
         for leaf in _leaves(mteb.get_task(name)):
             ds = type(leaf).metadata.dataset
             out.append(Artifact("dataset", ds["path"], ds.get("revision"), ds.get("name"),
-                                what=f"eval task {leaf.metadata.name}"))
+                                what=f"eval task {leaf.metadata.name}", task=leaf.metadata.name))
     return out
 
 
@@ -170,7 +184,7 @@ def required_artifacts(cfg: Any) -> list[Artifact]:
         if art.key in unique:
             prev = unique[art.key]
             unique[art.key] = Artifact(prev.kind, prev.repo_id, prev.revision, prev.config, prev.data_files,
-                                       f"{prev.what}; {art.what}")
+                                       f"{prev.what}; {art.what}", prev.task)
         else:
             unique[art.key] = art
     return list(unique.values())
@@ -276,8 +290,8 @@ def check_available(cfg: Any, offline: bool | None = None) -> None:
 def check_data_paths(data: Any) -> None:
     """Every local training data path exists (a missing file fails here, not after the model is built)."""
     missing = []
-    for src in _plain(_get(data, "sources")) or []:
-        path = src if isinstance(src, str) else dict(src).get("path", LOCAL_DATA)
+    for src in _sources(data):
+        path = src.get("path", LOCAL_DATA)
         if path == LOCAL_DATA or is_hub_id(path) and not Path(path).suffix:
             continue
         if not Path(path).expanduser().exists():
@@ -296,29 +310,49 @@ def check_eval_tasks(eval_cfg: Any) -> None:
         check_task_names(names)
 
 
-def preflight(cfg: Any) -> None:
-    """All checks that need no compute: data paths, eval task names, offline availability of hub artifacts.
-    Called by lmk.config.validate and lmk.evaluate.validate_config (so the row sweeper runs it per job)."""
+def preflight(cfg: Any, artifacts: bool = False) -> None:
+    """Checks that need no compute: local data paths exist, eval task names resolve and (artifacts=True)
+    offline, every hub artifact the job loads is on disk. lmk.config.validate and
+    lmk.evaluate.validate_config run it without `artifacts` (so the row sweeper checks every job before
+    launching, also on a laptop that plans a cluster sweep); the jobs themselves (lmk.train, lmk.evaluate)
+    run it with `artifacts` on the node that computes, before any model is built."""
     mirror.configure(_get(_get(cfg, "hub"), "mirror"))
     check_data_paths(_get(cfg, "data"))
     check_eval_tasks(_get(cfg, "eval"))
-    check_available(cfg)
+    if artifacts:
+        check_available(cfg)
 
 
 # ------------------------------------------------------------------------------------------ fetching
 def fetch(art: Artifact, mirror_dir: Path | None) -> Path:
-    """Download one artifact (huggingface_hub honours the proxy variables) into the mirror or the cache."""
+    """Download one artifact into the mirror (the hub repo's files) or the Hugging Face caches.
+
+    Cache mode reads it the way the job will, so the caches hold exactly what the job opens offline: an
+    eval dataset through its mteb task's own `load_data`, training data through `datasets.load_dataset`
+    with its `data_files`, a model as a hub snapshot. huggingface_hub and datasets honour HTTPS_PROXY /
+    HTTP_PROXY / NO_PROXY (and HF_ENDPOINT), so this works behind a login node's proxy.
+    """
     from huggingface_hub import snapshot_download
 
     repo_type = "dataset" if art.kind == "dataset" else "model"
     patterns = None
     if art.data_files:
         files = art.data_files if isinstance(art.data_files, list) else [art.data_files]
-        patterns = [*map(str, files), "README.md", "*.json"]
-    local_dir = mirror.repo_dir(mirror_dir, art.kind, art.repo_id) if mirror_dir else None
-    path = snapshot_download(art.repo_id, repo_type=repo_type, revision=art.revision, allow_patterns=patterns,
-                             local_dir=str(local_dir) if local_dir else None)
-    return Path(path)
+        patterns = [*map(str, files), "README.md", "*.json"]  # only these files of a large repo
+    if mirror_dir is not None:
+        local_dir = mirror.repo_dir(mirror_dir, art.kind, art.repo_id)
+        return Path(snapshot_download(art.repo_id, repo_type=repo_type, revision=art.revision,
+                                      allow_patterns=patterns, local_dir=str(local_dir)))
+    path = Path(snapshot_download(art.repo_id, repo_type=repo_type, revision=art.revision, allow_patterns=patterns))
+    if art.task:
+        import mteb
+
+        mteb.get_task(art.task).load_data()
+    elif art.kind == "dataset":
+        import datasets
+
+        datasets.load_dataset(art.repo_id, name=art.config, data_files=art.data_files, revision=art.revision)
+    return path
 
 
 def _compose_jobs(spec_path: str, scale_name: str) -> list[tuple[str, Any]]:

@@ -111,6 +111,26 @@ def resolve_model(model_id: str, root: str | os.PathLike | None = None) -> str:
     return str(local) if local is not None else model_id
 
 
+def with_mirrored_sources(data_cfg: Any) -> Any:
+    """A copy of a `data` config whose hub-id sources held by the mirror read the mirror's folder instead
+    (with the same `data_files` / `subset` / `split`, relative to the folder as on the hub)."""
+    from omegaconf import OmegaConf
+
+    if mirror_root() is None or data_cfg is None:
+        return data_cfg
+    cfg = OmegaConf.create(OmegaConf.to_container(data_cfg, resolve=False)) if not isinstance(data_cfg, dict) \
+        else OmegaConf.create(data_cfg)
+    for i, src in enumerate(cfg.get("sources") or []):
+        path = src if isinstance(src, str) else src.get("path")
+        folder = find("dataset", str(path)) if isinstance(path, str) and path.count("/") == 1 else None
+        if folder is not None and not os.path.exists(str(path)):
+            if isinstance(src, str):
+                cfg.sources[i] = {"path": str(folder), "name": path.rsplit("/", 1)[1]}
+            else:
+                src.path = str(folder)
+    return cfg
+
+
 _MIRRORED_CLASSES: dict[type, type] = {}
 
 

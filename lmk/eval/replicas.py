@@ -123,10 +123,14 @@ def _eval_split(task_name: str, split: str) -> str:
     return "test" if "test" in splits else splits[0]
 
 
-def _write(folder: Path, config: str, split: str, rows: list[dict[str, Any]], configs: dict[str, dict[str, str]]) -> None:
+def _write(folder: Path, config: str, split: str, rows: list[dict[str, Any]], configs: dict[str, dict[str, str]],
+           tag: str) -> None:
     from datasets import Dataset
 
-    rel = f"{config}/{split}-00000-of-00001.parquet"
+    # The content tag in the file name: `datasets` caches a local folder's data under a hash of the README's
+    # config block (file patterns, not contents), so a rewritten replica with the same names would be read
+    # back from the stale cache.
+    rel = f"{config}/{split}-{tag}-00000-of-00001.parquet"
     (folder / config).mkdir(parents=True, exist_ok=True)
     Dataset.from_list(rows).to_parquet(str(folder / rel))
     configs.setdefault(config, {})[split] = rel
@@ -142,18 +146,19 @@ def _readme(folder: Path, configs: dict[str, dict[str, str]], what: str) -> None
 
 
 def _beir(folder: Path, prefix: str, splits: dict[str, RetrievalCorpus], configs: dict[str, dict[str, str]],
-          shared: bool) -> None:
+          tag: str, shared: bool) -> None:
     # shared: a single-split task keeps one `corpus` / `queries` split, as on the hub; passkey has one per length
     for split, rc in splits.items():
         corpus = [{"_id": str(r["id"]), "title": "", "text": r["text"]} for r in rc.corpus]
         queries = [{"_id": str(r["id"]), "text": r["text"]} for r in rc.queries]
         qrels = [{"query-id": q, "corpus-id": d, "score": int(s)} for q, docs in rc.qrels.items() for d, s in docs.items()]
-        _write(folder, f"{prefix}corpus", "corpus" if shared else split, corpus, configs)
-        _write(folder, f"{prefix}queries", "queries" if shared else split, queries, configs)
-        _write(folder, f"{prefix}qrels" if prefix else "default", split, qrels, configs)
+        _write(folder, f"{prefix}corpus", "corpus" if shared else split, corpus, configs, tag)
+        _write(folder, f"{prefix}queries", "queries" if shared else split, queries, configs, tag)
+        _write(folder, f"{prefix}qrels" if prefix else "default", split, qrels, configs, tag)
 
 
-def _longembed(folder: Path, name: str, splits: dict[str, RetrievalCorpus], configs: dict[str, dict[str, str]]) -> None:
+def _longembed(folder: Path, name: str, splits: dict[str, RetrievalCorpus], configs: dict[str, dict[str, str]],
+               tag: str) -> None:
     corpus, queries, qrels = [], [], []
     for split, rc in splits.items():
         extra = {"context_length": int(split.rsplit("_", 1)[1])} if split.startswith("test_") else {}
@@ -163,7 +168,7 @@ def _longembed(folder: Path, name: str, splits: dict[str, RetrievalCorpus], conf
         queries += [{"qid": str(r["id"]), "doc_id": "", "text": r["text"], **extra} for r in rc.queries]
         qrels += [{"qid": q, "doc_id": d, "text": "", **extra} for q, docs in rc.qrels.items() for d in docs]
     for split, rows in (("corpus", corpus), ("queries", queries), ("qrels", qrels)):
-        _write(folder, name, split, rows, configs)
+        _write(folder, name, split, rows, configs, tag)
 
 
 def _content_hash(splits: dict[str, RetrievalCorpus]) -> str:
@@ -194,17 +199,18 @@ def write_replicas(root: str | os.PathLike, tasks: Sequence[str] | None = None, 
             shutil.rmtree(folder)  # a rewrite with other sizes must not keep stale configs
         folder.mkdir(parents=True)
         configs: dict[str, dict[str, str]] = {}
-        digests = []
-        for rep in replicas:
-            built = rep.splits(sizes)
-            splits = {_eval_split(rep.task, s): rc for s, rc in built.items()}
-            digests.append(_content_hash(splits))
-            if rep.layout == "longembed":
-                _longembed(folder, str(rep.config), splits, configs)
-            else:
-                _beir(folder, f"{rep.config}-" if rep.layout == "beir-lang" else "", splits, configs, shared="_" in built)
-        _readme(folder, configs, ", ".join(r.task for r in replicas))
+        built = [(rep, rep.splits(sizes)) for rep in replicas]
+        digests = [_content_hash({_eval_split(rep.task, s): rc for s, rc in b.items()}) for rep, b in built]
         revision = "lmk-replica-" + hashlib.sha256("".join(digests).encode()).hexdigest()[:12]
+        tag = revision.rsplit("-", 1)[1]
+        for rep, b in built:
+            splits = {_eval_split(rep.task, s): rc for s, rc in b.items()}
+            if rep.layout == "longembed":
+                _longembed(folder, str(rep.config), splits, configs, tag)
+            else:
+                _beir(folder, f"{rep.config}-" if rep.layout == "beir-lang" else "", splits, configs, tag,
+                      shared="_" in b)
+        _readme(folder, configs, ", ".join(r.task for r in replicas))
         entries.append({"kind": "dataset", "repo_id": repo, "revision": revision, "source": "replica",
                         "path": str(folder.relative_to(root)), "what": [r.task for r in replicas]})
         log.info("replica %s (%s) -> %s", repo, ", ".join(r.task for r in replicas), folder)
