@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from lmk.eval import mirror
-from lmk.eval.config import LOCAL_TASKS
+from lmk.eval.config import LOCAL_TASKS, EvalConfig
 
 log = logging.getLogger(__name__)
 
@@ -177,6 +177,9 @@ def required_artifacts(cfg: Any) -> list[Artifact]:
         found += encoder_artifacts(_get(cfg, "encoder"))
     found += data_artifacts(_get(cfg, "data"))
     eval_cfg = _get(cfg, "eval")
+    if eval_cfg is not None and _get(cfg, "train") is not None:
+        # a training job evaluates only its `eval.in_training` part (the eval stage's jobs the rest)
+        eval_cfg = EvalConfig.from_cfg(eval_cfg).training_view()
     if eval_cfg is not None:
         found += eval_artifacts(eval_cfg)
     unique: dict[tuple[str, str, str | None], Artifact] = {}

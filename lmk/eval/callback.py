@@ -99,8 +99,9 @@ class EvalCallback(pl.Callback):
 
 
 def build_eval_callback(eval_cfg: Any, run_dir: str | os.PathLike) -> EvalCallback | None:
-    """The eval callback for this suite, or None when the suite has no tasks (eval=none)."""
-    cfg = EvalConfig.from_cfg(eval_cfg)
+    """The eval callback for this suite, or None when the suite has no tasks (eval=none) or the training job
+    evaluates none of it (`eval.in_training: none`: the sweep's eval stage does)."""
+    cfg = EvalConfig.from_cfg(eval_cfg).training_view()
     if not cfg.enabled or (cfg.every_n_steps is None and not cfg.at_fit_end):
         return None
     return EvalCallback(cfg, run_dir)
