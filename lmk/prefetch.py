@@ -307,6 +307,7 @@ def check_data_paths(data: Any) -> None:
 def check_eval_tasks(eval_cfg: Any) -> None:
     """Every eval task name resolves (mteb's registry, offline; or a local task)."""
     names = list(_plain(_get(eval_cfg, "tasks")) or [])
+    names += [t for t in (_plain(_get(eval_cfg, "task_options")) or {}) if t not in names]  # a misspelt option key
     if any(t not in LOCAL_TASKS for t in names):
         from lmk.eval.suites import check_task_names
 
@@ -378,8 +379,17 @@ def _compose_jobs(spec_path: str, scale_name: str) -> list[tuple[str, Any]]:
             if scale.zero_shot:
                 jobs.append((f"zeroshot/{row.id}", compose("evaluate", overrides=[
                     *scale.zero_shot_overrides, *row.overrides, f"row={row.id}"])))
-            for extra in getattr(scale, "eval_overrides", None) or []:  # the eval stage, when the scale has one
-                jobs.append((f"eval/{row.id}", compose("evaluate", overrides=[*extra, *row.overrides, f"row={row.id}"])))
+        stage = getattr(scale, "eval_stage", None) or {}
+        if stage:  # the eval stage: one lmk.evaluate job per (row, shard) on the trained model (lmk.eval.stage)
+            from lmk.eval.stage import SEP, plan_shards
+
+            overrides = [*stage.get("overrides", []), *stage.get("launcher_overrides", [])]
+            suite = EvalConfig.from_cfg(compose("evaluate", overrides=overrides).eval)
+            for row in rows:
+                for shard, tasks in plan_shards(suite, str(stage.get("shard_by", "group"))).items():
+                    jobs.append((f"eval/{row.id}{SEP}{shard}", compose("evaluate", overrides=[
+                        *overrides, f"model=outputs/{spec.name}/{scale_name}/train/{row.id}",
+                        f"eval.tasks=[{','.join(tasks)}]", "~eval.groups", f"row={row.id}{SEP}{shard}"])))
     return jobs
 
 

@@ -69,3 +69,12 @@ def test_sweep_dry_run_fails_naming_the_row_and_the_thing(tmp_path: Path, row: s
     assert proc.returncode != 0, text
     assert f"row '{row}'" in text and thing in text
     assert not (out / "train" / "jobs.json").exists()  # nothing planned, nothing launched
+
+
+def test_misspelt_task_options_key_is_named() -> None:
+    from lmk.eval.suites import UnknownTaskError
+    from lmk.evaluate import validate_config
+
+    cfg = _compose("evaluate", ["eval=mldr-eng", "+eval.task_options.MultiLongDocRetrival={eval_splits:[test]}"])
+    with pytest.raises(UnknownTaskError, match="MultiLongDocRetrival"):
+        validate_config(cfg)

@@ -119,13 +119,15 @@ class EvalConfig(Coercible):
                 raise EvalConfigError(f"eval.in_training: groups {unknown} are not groups of this suite "
                                       f"{sorted(self.groups)}")
         for task, opts in self.task_options.items():
-            if task not in self.tasks:
-                raise EvalConfigError(f"eval.task_options.{task}: {task!r} is not in eval.tasks {self.tasks}")
             unknown = [k for k in opts if k not in TASK_OPTION_KEYS]
             if unknown:
                 raise EvalConfigError(
                     f"eval.task_options.{task}: unknown keys {unknown}; allowed {list(TASK_OPTION_KEYS)}"
                 )
+
+        # A subset of the suite (`eval.tasks=[...]`, an eval-stage shard) keeps only its tasks' options; the
+        # option names themselves are checked against mteb's registry before compute (lmk.prefetch.preflight).
+        self.task_options = {t: o for t, o in self.task_options.items() if t in self.tasks}
 
     @property
     def enabled(self) -> bool:

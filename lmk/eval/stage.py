@@ -86,7 +86,7 @@ def shard_rows(rows: Sequence[str], train_dir: str | Path, shards: Mapping[str, 
             continue
         for shard, tasks in shards.items():
             out[f"{row}{SEP}{shard}"] = [
-                f"model={run}", f"eval.tasks=[{','.join(tasks)}]", "eval.groups={}", "eval.in_training=all",
+                f"model={run}", f"eval.tasks=[{','.join(tasks)}]", "~eval.groups", "eval.in_training=all",
                 f"++model_fingerprint={fp}", f"++eval_shard={shard}", f"++train_row={row}",
             ]
     return out, untrained
@@ -174,11 +174,14 @@ def run_stage(scale: Any, rows: Sequence[str], out: Path, group: str, force: boo
     overrides = [*spec.get("overrides", []), *spec.get("launcher_overrides", [])]
     suite = stage_suite(overrides)
     shards = plan_shards(suite, str(spec.get("shard_by", "group")))
+    for tasks in shards.values():  # every shard's config validates (groups dropped: merged per row later)
+        stage_suite([*overrides, f"eval.tasks=[{','.join(tasks)}]", "~eval.groups", "eval.in_training=all"])
     train_dir, eval_dir = out / "train", out / "eval"
     eval_dir.mkdir(parents=True, exist_ok=True)
     if dry_run:
         jobs = [{"row": f"{row}{SEP}{shard}", "train_row": row, "shard": shard, "tasks": tasks,
-                 "overrides": [*overrides, f"model={train_dir / row}", f"eval.tasks=[{','.join(tasks)}]"]}
+                 "overrides": [*overrides, f"model={train_dir / row}", f"eval.tasks=[{','.join(tasks)}]",
+                               "~eval.groups"]}
                 for row in rows for shard, tasks in shards.items()]
         (eval_dir / "jobs.json").write_text(json.dumps({"suite": suite.name, "shards": shards, "jobs": jobs},
                                                        indent=2))
