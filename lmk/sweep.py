@@ -120,6 +120,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         for name, *_ in blocks:
             print(f"[lmk.sweep] dry run: jobs in {out / name / 'jobs.json'}")
+        from lmk.eval.estimate import print_sweep_estimate
+
+        print_sweep_estimate(args.spec, args.scale, [r.id for r in rows])
         return 0
     if args.stage in ("train", "eval"):
         return 1 if failures else 0

@@ -53,6 +53,7 @@ def test_paper_dry_run_lists_the_eval_jobs(tmp_path: Path) -> None:
     plan = json.loads((out / "eval" / "jobs.json").read_text())
     assert len(plan["jobs"]) == 9 * 6  # 9 rows x 6 eval groups
     assert "eval stage: 54 jobs" in proc.stdout
+    assert "cost estimate" in proc.stdout and "GPU-hours" in proc.stdout and "total" in proc.stdout
     assert not (out / "train").exists()  # --stage eval: the train stage is not planned
 
 
