@@ -135,8 +135,8 @@ def suite_groups(eval_name: str, conf_dir: Path = CONF_DIR) -> list[str]:
 
 
 def experiment_eval(scale: Scale, conf_dir: Path = CONF_DIR) -> str | None:
-    """The eval suite a scale's experiment selects (its `- override /eval: X` default)."""
-    for o in scale.train_overrides:
+    """The eval suite a scale's experiment selects (its `- override /eval: X` default), or its eval stage's."""
+    for o in [*(scale.eval_stage or {}).get("overrides", []), *scale.train_overrides]:
         key, _, value = o.partition("=")
         if key == "eval":
             return value

@@ -102,3 +102,33 @@ def test_tiny_eval_stage_runs_as_jobs_and_reruns_only_a_failed_shard(tmp_path: P
     assert (out / "eval" / "cls--local-short" / "results.json").stat().st_mtime_ns == stamp
     assert read_results(out / "train" / "cls")["eval"]["groups"]["local-passkey"] == passkey
     assert "lmk.train" not in proc.stdout  # --stage eval launched no training
+
+
+@pytest.mark.slow
+def test_eval_stage_offline_from_replicas_in_the_mirror(tmp_path: Path) -> None:
+    """The rehearsal's evaluation path: training, then the paper suite's own mteb task classes as eval-stage
+    jobs, offline (HF_HUB_OFFLINE=1), reading replicas found through `hub.mirror`; then the table."""
+    from lmk.eval.replicas import Sizes, write_replicas
+
+    mirror = tmp_path / "mirror"
+    write_replicas(mirror, sizes=Sizes(n_queries=3, n_docs=6, lengths=(256, 512)))
+    spec = yaml.safe_load(_staged_spec(tmp_path).read_text())
+    tiny = spec["scales"]["tiny"]
+    tiny["eval_stage"] = {"overrides": ["eval=table2-rehearsal", f"hub.mirror={mirror}"]}
+    tiny["columns"] = [{"group": g, "label": g, "context": c} for g, c in
+                       (("msmarco-dev", "short"), ("beir15", "short"), ("mldr-eng", "long"), ("longembed6", "long"))]
+    path = tmp_path / "rehearsal.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    out = tmp_path / "out"
+    env = {**__import__("os").environ, "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, "-m", "lmk.sweep", str(path), "--scale", "tiny", "--rows", "cls",
+                           "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    ev = read_results(out / "train" / "cls")["eval"]
+    assert set(ev["stage"]["shards"]) == {"msmarco-dev", "beir15", "mldr-eng", "longembed6"}
+    assert set(ev["tasks"]) >= {"SciFact", "MSMARCO", "MultiLongDocRetrieval", "LEMBNeedleRetrieval"}
+    assert all(0 <= v <= 1 for v in ev["groups"].values())
+    shard = read_results(out / "eval" / "cls--beir15")
+    assert shard["config"]["hub"]["mirror"] == str(mirror) and shard["status"] == "done"
+    table = (out / "table2.md").read_text()
+    assert "longembed6" in table and "| CLS |" in table
