@@ -47,7 +47,8 @@ class EvalCallback(pl.Callback):
         return self._tasks
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        # Fail at setup, before any training step, on an unknown task or a hub task offline.
+        # Build the tasks (local data regenerated, hub tasks pointed at the mirror) before the first step;
+        # names and offline availability were checked before the model was built (lmk.prefetch).
         if stage == "fit" and trainer.is_global_zero:
             self._build_tasks()
 
