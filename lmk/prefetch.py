@@ -57,6 +57,7 @@ class Artifact:
     data_files: Any = None       # training data: only these files of the repo
     what: str = ""               # who loads it: "encoder", "tokenizer", "training data", "eval task SciFact"
     task: str | None = None      # the mteb task that reads it (cache-mode prefetch runs its own load_data)
+    options: Any = None          # that task's eval.task_options (splits / subsets: only those are loaded)
 
     @property
     def key(self) -> tuple[str, str, str | None]:
@@ -155,12 +156,15 @@ def eval_artifacts(eval_cfg: Any) -> list[Artifact]:
         return []
     import mteb
 
+    options = _plain(_get(eval_cfg, "task_options")) or {}
     out = []
     for name in names:
-        for leaf in _leaves(mteb.get_task(name)):
+        leaves = _leaves(mteb.get_task(name))
+        for leaf in leaves:
             ds = type(leaf).metadata.dataset
+            opts = dict(options.get(name) or {}) if len(leaves) == 1 else None
             out.append(Artifact("dataset", ds["path"], ds.get("revision"), ds.get("name"),
-                                what=f"eval task {leaf.metadata.name}", task=leaf.metadata.name))
+                                what=f"eval task {leaf.metadata.name}", task=leaf.metadata.name, options=opts))
     return out
 
 
@@ -187,7 +191,7 @@ def required_artifacts(cfg: Any) -> list[Artifact]:
         if art.key in unique:
             prev = unique[art.key]
             unique[art.key] = Artifact(prev.kind, prev.repo_id, prev.revision, prev.config, prev.data_files,
-                                       f"{prev.what}; {art.what}", prev.task)
+                                       f"{prev.what}; {art.what}", prev.task, prev.options)
         else:
             unique[art.key] = art
     return list(unique.values())
@@ -347,16 +351,19 @@ def fetch(art: Artifact, mirror_dir: Path | None) -> Path:
         local_dir = mirror.repo_dir(mirror_dir, art.kind, art.repo_id)
         return Path(snapshot_download(art.repo_id, repo_type=repo_type, revision=art.revision,
                                       allow_patterns=patterns, local_dir=str(local_dir)))
-    path = Path(snapshot_download(art.repo_id, repo_type=repo_type, revision=art.revision, allow_patterns=patterns))
-    if art.task:
+    if art.task:  # only the configs / splits the job reads (MLDR `en`, not 13 languages)
         import mteb
 
-        mteb.get_task(art.task).load_data()
-    elif art.kind == "dataset":
+        opts = art.options or {}
+        mteb.get_task(art.task, eval_splits=opts.get("eval_splits"), hf_subsets=opts.get("hf_subsets"),
+                      languages=opts.get("languages")).load_data()
+        return _in_hub_cache(art) or _in_datasets_cache(art) or _hub_cache_dir()
+    if art.kind == "dataset":
         import datasets
 
         datasets.load_dataset(art.repo_id, name=art.config, data_files=art.data_files, revision=art.revision)
-    return path
+        return _in_hub_cache(art) or _in_datasets_cache(art) or _hub_cache_dir()
+    return Path(snapshot_download(art.repo_id, repo_type=repo_type, revision=art.revision, allow_patterns=patterns))
 
 
 def _compose_jobs(spec_path: str, scale_name: str) -> list[tuple[str, Any]]:

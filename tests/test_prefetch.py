@@ -313,3 +313,44 @@ def test_training_data_in_the_mirror_is_read_from_it(tmp_path: Path, monkeypatch
     src = mirror.with_mirrored_sources(data).sources[0]
     assert src.path == str(folder.parent) and src.data_files == "data/msmarco_passage-*.parquet"
     assert data.sources[0].path == "cfli/bge-full-data"  # the job's own config is not modified
+
+
+def test_prefetch_goes_through_the_proxy_variables(tmp_path: Path) -> None:
+    """Where the network is used (prefetch on a login node), HTTPS_PROXY is honoured: a stand-in proxy sees
+    the CONNECT to the hub for a model and for an eval task's dataset (refused here: no hub is reachable)."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    import threading
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    seen: list[bytes] = []
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            seen.append(conn.recv(4096).split(b"\r\n", 1)[0])
+            conn.sendall(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n")
+            conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    proxy = f"http://127.0.0.1:{server.getsockname()[1]}"
+    env = {k: v for k, v in os.environ.items() if k.upper() not in
+           ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE", "NO_PROXY")}
+    env.update(HTTPS_PROXY=proxy, HTTP_PROXY=proxy, HF_HOME=str(tmp_path / "hf"), PYTHONPATH=str(ROOT))
+    code = ("from lmk.prefetch import fetch, Artifact\n"
+            "for art in (Artifact('model', 'answerdotai/ModernBERT-base'),\n"
+            "            Artifact('dataset', 'mteb/scifact', 'd56462d0e63a25450459c4f213e49ffdb866f7f9', task='SciFact')):\n"
+            "    try:\n        fetch(art, None)\n    except Exception as err:\n        print(type(err).__name__, 'proxy' in repr(err).lower() or '403' in repr(err))\n")
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    server.close()
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    errors = proc.stdout.split()
+    assert errors[1::2] == ["True", "True"], proc.stdout  # both refused by the proxy, not reached directly
+    assert seen and all(line.startswith(b"CONNECT huggingface.co:443") for line in seen)
