@@ -354,3 +354,16 @@ def test_prefetch_goes_through_the_proxy_variables(tmp_path: Path) -> None:
     errors = proc.stdout.split()
     assert errors[1::2] == ["True", "True"], proc.stdout  # both refused by the proxy, not reached directly
     assert seen and all(line.startswith(b"CONNECT huggingface.co:443") for line in seen)
+
+
+def test_aggregate_task_leaves_read_the_mirror(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from lmk.eval.suites import build_tasks
+
+    monkeypatch.setenv("LMK_HUB_MIRROR", str(tmp_path))
+    folder = mirror.repo_dir(tmp_path, "dataset", "mteb/cqadupstack-gaming")
+    folder.mkdir(parents=True)
+    (folder / "README.md").write_text("---\n---\n")
+    (task,) = build_tasks(EvalConfig(name="x", tasks=["CQADupstackRetrieval"]))
+    paths = {leaf.metadata.name: leaf.metadata.dataset["path"] for leaf in task.metadata.tasks}
+    assert paths["CQADupstackGamingRetrieval"] == str(folder.resolve())
+    assert paths["CQADupstackUnixRetrieval"] == "mteb/cqadupstack-unix"  # not mirrored: the hub id

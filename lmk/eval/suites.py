@@ -67,9 +67,12 @@ def build_tasks(cfg: EvalConfig) -> list[AbsTask]:
         opts = cfg.task_options.get(name, {})
         task = mteb.get_task(name, languages=opts.get("languages"), eval_splits=opts.get("eval_splits"),
                              hf_subsets=opts.get("hf_subsets"))
-        folder = apply_mirror(task)
-        if folder is not None:
-            logger.info("eval task %s reads %s from the hub mirror %s", name, task.metadata.dataset.get("name") or "",
-                        folder)
+        from mteb.abstasks.aggregated_task import AbsTaskAggregate
+
+        # an aggregate (CQADupstackRetrieval) loads through its sub-tasks: each reads its own mirrored repo
+        for leaf in task.metadata.tasks if isinstance(task, AbsTaskAggregate) else [task]:
+            folder = apply_mirror(leaf)
+            if folder is not None:
+                logger.info("eval task %s reads %s from the hub mirror", leaf.metadata.name, folder)
         tasks.append(task)
     return tasks
