@@ -10,11 +10,13 @@ OUT    ?= outputs
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: install test test-slow test-all lint reproduce-table2 table2 notebooks bench gpu-check clean help
+.PHONY: install test test-slow test-all lint reproduce-table2 table2 prefetch replicas notebooks bench gpu-check clean help
 
 help:
 	@echo "make reproduce-table2 [SCALE=mini|rehearsal|paper|tiny] [FORCE=1]  sweep + table"
 	@echo "make table2 [SCALE=...]          re-aggregate the table from results files"
+	@echo "make prefetch [SCALE=paper] [MIRROR=dir]  on a login node: download what the sweep's jobs load"
+	@echo "make replicas MIRROR=dir         offline replicas of the paper's eval datasets (hub layout)"
 	@echo "make test | test-slow | lint     tests (fast / slow) and ruff"
 	@echo "make notebooks | bench           execute notebooks / run benchmarks"
 	@echo "make gpu-check                   paper-shaped step + encode tokens/s + rehearsal row on a GPU (JSON)"
@@ -46,6 +48,14 @@ reproduce-table2: install
 
 table2: install
 	$(PY) -m lmk.tables experiments/table2/spec.yaml --scale $(SCALE) --out $(OUT)/table2/$(SCALE)
+
+# Compute nodes without internet: fetch every model / tokenizer / training file / mteb dataset the sweep's
+# jobs load (HF cache, or MIRROR=dir: then run the jobs with hub.mirror=dir or LMK_HUB_MIRROR=dir).
+prefetch: install
+	$(PY) -m lmk.prefetch experiments/table2/spec.yaml --scale $(SCALE) $(if $(MIRROR),--mirror $(MIRROR),)
+
+replicas: install
+	$(PY) -m lmk.eval.replicas --mirror $(or $(MIRROR),$(OUT)/hub-mirror)
 
 notebooks: install
 	$(PY) -m lmk.notebooks --out $(OUT)/notebooks --param table2_root=$(abspath $(OUT))/table2 $(if $(THREADS),--threads $(THREADS),)

@@ -159,6 +159,13 @@ class LauncherSection:
 
 
 @dataclass
+class HubSection:
+    """`hub.*`: where jobs find Hugging Face hub repos without internet (`lmk.eval.mirror`, `lmk.prefetch`)."""
+
+    mirror: str | None = None  # a mirror folder (<mirror>/datasets/<owner>/<name>, ...); null: $LMK_HUB_MIRROR
+
+
+@dataclass
 class RootConfig:
     """The composed `conf/train.yaml` (after `validate`)."""
 
@@ -175,6 +182,7 @@ class RootConfig:
     trainer: TrainerSection = field(default_factory=TrainerSection)
     logger: LoggerSection = field(default_factory=LoggerSection)
     launcher: LauncherSection = field(default_factory=LauncherSection)
+    hub: HubSection = field(default_factory=HubSection)
 
     def __post_init__(self) -> None:
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
@@ -349,6 +357,7 @@ def validate(cfg: Any) -> RootConfig:
         if getattr(root, key) is None:
             raise ConfigError(f"{key} is missing: select one with `{key}=<option>` (see conf/{key}/)")
     _cross_checks(root)
+    _preflight(root)
     return root
 
 
@@ -386,6 +395,16 @@ def effective_batch(cfg: Any) -> dict[str, Any]:
     queries = None if devices is None else per_device * devices * nodes * accumulation
     return {"queries": queries, "per_device": per_device, "devices": devices, "nodes": nodes,
             "accumulation": accumulation}
+
+
+def _preflight(root: RootConfig) -> None:
+    """Local data paths exist and eval task names resolve (lmk.prefetch.preflight; no compute, no network)."""
+    from lmk.prefetch import preflight
+
+    try:
+        preflight(root)
+    except (ValueError, RuntimeError) as err:
+        raise ConfigError(str(err)) from err
 
 
 def _cross_checks(root: RootConfig) -> None:

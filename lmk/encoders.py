@@ -43,6 +43,10 @@ def _resolve_tokenizer_source(spec: str) -> str:
     """A tokenizer spec is an importable model package, a local folder, or a hub id."""
     if os.path.isdir(spec):
         return spec
+    if spec.count("/") == 1:
+        from lmk.eval.mirror import resolve_model
+
+        return resolve_model(spec)  # its hub mirror folder when there is one (offline compute nodes)
     if "/" not in spec:
         try:
             importlib.import_module(spec)
@@ -209,9 +213,12 @@ def load_backbone(encoder_cfg: Any) -> tuple[PreTrainedModel, PreTrainedTokenize
         tok = load_tokenizer(cfg.tokenizer or path, cfg.max_positions, cfg)
         model = AutoModel.from_pretrained(path, **_model_kwargs(cfg))
     elif cfg.source == "hub":
+        from lmk.eval.mirror import resolve_model
+
         mid = os.path.expanduser(cfg.model_id)
         if mid.startswith(("/", ".", "~")) and not os.path.isdir(mid):
             raise ValueError(f"encoder {cfg.name!r}: model_id {cfg.model_id!r} looks like a local path but is not a folder")
+        mid = resolve_model(mid)  # the hub mirror's folder when it holds this repo
         tok = load_tokenizer(cfg.tokenizer or mid, cfg.max_positions, cfg)
         try:
             model = AutoModel.from_pretrained(mid, revision=cfg.revision, **_model_kwargs(cfg))

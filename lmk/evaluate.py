@@ -103,6 +103,7 @@ def validate_config(cfg: DictConfig) -> None:
     """Check an evaluate config without loading anything (the row sweeper calls this per job)."""
     from lmk.config import ConfigError
     from lmk.model_config import EncoderConfig, PoolingConfig
+    from lmk.prefetch import preflight
 
     checks = [("eval", EvalConfig.from_cfg), ("encoder", EncoderConfig.coerce), ("pooling", PoolingConfig.coerce)]
     for key, check in checks:
@@ -112,12 +113,20 @@ def validate_config(cfg: DictConfig) -> None:
             check(cfg[key])
         except (ValueError, TypeError) as err:  # one line on the console, not a traceback (ConfigError)
             raise ConfigError(str(err) if str(err).startswith(f"{key}.") else f"{key}: {err}") from err
+    model = cfg.get("model")
+    if model not in (None, "", "null") and not Path(str(model)).expanduser().exists():
+        raise FileNotFoundError(f"model={model!r} does not exist; give a training run dir, an exported model "
+                                "folder, a .ckpt or null")
+    preflight(cfg)  # eval task names resolve (mteb's registry, offline), the hub mirror is set
 
 
 def run(cfg: DictConfig, run_dir: str | os.PathLike | None = None, cross_pooling: bool | None = None) -> dict[str, Any]:
     """Evaluate per `cfg` (the composed evaluate config); returns the eval section written to results.json."""
-    validate_config(cfg)  # bad values fail here, before loading anything
+    validate_config(cfg)  # bad values, task names and paths fail here, before loading anything
     eval_cfg = EvalConfig.from_cfg(cfg.eval)
+    from lmk.prefetch import check_available
+
+    check_available(cfg)  # offline (HF_HUB_OFFLINE): every hub dataset / model is on disk, else name them
     if run_dir is None:
         from hydra.core.hydra_config import HydraConfig
 

@@ -59,7 +59,10 @@ def _max_lengths(typed: RootConfig) -> tuple[int, int]:
 
 def build_datamodule(cfg: DictConfig, model: Any) -> Any:
     """`instantiate(cfg.data, tokenizer=model.tokenizer)` (the PairDataModule of lmk.data)."""
-    return hydra.utils.instantiate(cfg.data, tokenizer=model.tokenizer, _convert_="all")
+    from lmk.eval.mirror import with_mirrored_sources
+
+    # hub-id sources held by the hub mirror (`hub.mirror`) are read from it (compute nodes without internet)
+    return hydra.utils.instantiate(with_mirrored_sources(cfg.data), tokenizer=model.tokenizer, _convert_="all")
 
 
 def build_module(typed: RootConfig, model: Any) -> Any:
@@ -129,6 +132,9 @@ def _metrics(trainer: Any) -> dict[str, float]:
 def run(cfg: DictConfig) -> float | None:
     """Train one run from a composed config; returns the optimised metric (`train.monitor`)."""
     typed = validate(cfg)  # fails in about a second, before torch / the model load
+    from lmk.prefetch import check_available
+
+    check_available(cfg)  # offline (HF_HUB_OFFLINE): every hub model / dataset this job loads is on disk
     run_dir = Path(typed.run_dir)
     resolved = to_container(cfg)
     resolved.pop("hydra", None)

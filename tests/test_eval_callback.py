@@ -102,7 +102,7 @@ def test_evaluate_command_untrained_and_cross_pooling(tmp_path: Path, eval_cfg_o
 
     # the real build_tasks, with LocalShort's data swapped for the planted corpus (the offline short
     # corpus takes minutes to encode on 2 CPU cores)
-    monkeypatch.setattr(suites, "build_tasks", lambda cfg, check_offline=True: [LocalShort({"test": planted()})])
+    monkeypatch.setattr(suites, "build_tasks", lambda cfg: [LocalShort({"test": planted()})])
     cfg = _compose(["model=null", "encoder=tiny-modernbert", "pooling=lmk-fixed", *eval_cfg_overrides])
     section = evaluate.run(cfg, run_dir=tmp_path / "untrained")
     res = json.loads((tmp_path / "untrained" / "results.json").read_text())

@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 
 from lmk.eval.callback import build_eval_callback
 from lmk.eval.config import LENGTHS, EvalConfig, EvalConfigError
-from lmk.eval.suites import OfflineError, UnknownTaskError, build_tasks, check_task_names
+from lmk.eval.suites import UnknownTaskError, build_tasks, check_task_names
 
 CONF = Path(__file__).resolve().parents[1] / "conf" / "eval"
 
@@ -57,9 +57,9 @@ def test_suite_task_lists_match_the_paper() -> None:
 
 
 def test_hub_task_filters_are_applied_without_data() -> None:
-    (mldr,) = build_tasks(load("mldr-eng"), check_offline=False)
+    (mldr,) = build_tasks(load("mldr-eng"))
     assert list(mldr.eval_splits) == ["test"] and mldr.hf_subsets == ["en"]
-    (mldr13,) = build_tasks(load("mldr-13"), check_offline=False)
+    (mldr13,) = build_tasks(load("mldr-13"))
     assert len(mldr13.hf_subsets) == 13
 
 
@@ -98,13 +98,28 @@ def test_unknown_task_fails_before_any_data_or_model() -> None:
         build_tasks(cfg)
 
 
-def test_hub_task_offline_fails_fast_naming_the_offline_suite(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_hub_task_offline_fails_fast_naming_the_offline_suite(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # Offline with nothing on disk: the check before compute names what is missing and the fixes
+    # (prefetch, a local copy in the mirror, the offline suite); it never asks whether the network is up.
+    from lmk.prefetch import MissingArtifactsError, check_available
+
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    with pytest.raises(OfflineError) as err:
-        build_tasks(load("longembed6"))
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf" / "datasets"))
+    monkeypatch.delenv("LMK_HUB_MIRROR", raising=False)
+    import datasets
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
+    monkeypatch.setattr(constants, "HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf" / "datasets")
+    with pytest.raises(MissingArtifactsError) as err:
+        check_available({"eval": load("longembed6")})
     msg = str(err.value)
-    assert "eval=local" in msg and "network" in msg and "local copy" in msg
-    assert "LEMBPasskeyRetrieval" in msg
+    assert "eval=local" in msg and "local copy" in msg and "lmk.prefetch" in msg
+    assert "LEMBPasskeyRetrieval" in msg and "mteb/LEMBPasskeyRetrieval" in msg and "dwzhu/LongEmbed" in msg
+    assert "network" not in msg.replace("internet", "")  # the fix is data on disk, not a network probe
 
 
 def test_none_suite_gives_no_callback(tmp_path: Path) -> None:

@@ -4,4 +4,5 @@ Submodules are imported where used (mteb is heavy): `from lmk.eval.runner import
 `from lmk.eval.callback import build_eval_callback`, `from lmk.eval.config import EvalConfig`.
 """
 
-__all__ = ["callback", "config", "encoder", "runner", "scoring", "suites", "tasks"]
+__all__ = ["callback", "config", "encoder", "estimate", "mirror", "replicas", "runner", "scoring", "stage", "suites",
+           "tasks"]

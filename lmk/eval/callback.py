@@ -47,7 +47,8 @@ class EvalCallback(pl.Callback):
         return self._tasks
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        # Fail at setup, before any training step, on an unknown task or a hub task offline.
+        # Build the tasks (local data regenerated, hub tasks pointed at the mirror) before the first step;
+        # names and offline availability were checked before the model was built (lmk.prefetch).
         if stage == "fit" and trainer.is_global_zero:
             self._build_tasks()
 
@@ -99,8 +100,9 @@ class EvalCallback(pl.Callback):
 
 
 def build_eval_callback(eval_cfg: Any, run_dir: str | os.PathLike) -> EvalCallback | None:
-    """The eval callback for this suite, or None when the suite has no tasks (eval=none)."""
-    cfg = EvalConfig.from_cfg(eval_cfg)
+    """The eval callback for this suite, or None when the suite has no tasks (eval=none) or the training job
+    evaluates none of it (`eval.in_training: none`: the sweep's eval stage does)."""
+    cfg = EvalConfig.from_cfg(eval_cfg).training_view()
     if not cfg.enabled or (cfg.every_n_steps is None and not cfg.at_fit_end):
         return None
     return EvalCallback(cfg, run_dir)

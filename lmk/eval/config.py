@@ -8,7 +8,7 @@ any text encoded, and a bad value raises `EvalConfigError` naming the key and th
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from lmk.schema import Coercible
@@ -55,6 +55,10 @@ class EvalConfig(Coercible):
     cache_dir: str | None = None
     overwrite: str = "only-missing"
     show_progress: bool = True
+    # What the training job itself evaluates (the eval callback): "all" the suite, "none" (the sweep's eval
+    # stage evaluates the trained model as separate jobs, lmk.eval.stage), or a list of group names (a small
+    # dev subset).
+    in_training: Any = "all"
 
     def __post_init__(self) -> None:
         self.tasks = list(self.tasks)
@@ -104,18 +108,40 @@ class EvalConfig(Coercible):
                     f"eval.groups.{group}={members!r}: tasks {missing} are not in eval.tasks {self.tasks} "
                     "(a group averages tasks of this suite; list at least one)"
                 )
+        if isinstance(self.in_training, str):
+            if self.in_training not in ("all", "none"):
+                raise EvalConfigError(f"eval.in_training={self.in_training!r}: allowed 'all', 'none' or a list of "
+                                      f"group names of this suite {sorted(self.groups)}")
+        else:
+            self.in_training = [str(g) for g in self.in_training]
+            unknown = [g for g in self.in_training if g not in self.groups]
+            if unknown:
+                raise EvalConfigError(f"eval.in_training: groups {unknown} are not groups of this suite "
+                                      f"{sorted(self.groups)}")
         for task, opts in self.task_options.items():
-            if task not in self.tasks:
-                raise EvalConfigError(f"eval.task_options.{task}: {task!r} is not in eval.tasks {self.tasks}")
             unknown = [k for k in opts if k not in TASK_OPTION_KEYS]
             if unknown:
                 raise EvalConfigError(
                     f"eval.task_options.{task}: unknown keys {unknown}; allowed {list(TASK_OPTION_KEYS)}"
                 )
 
+        # A subset of the suite (`eval.tasks=[...]`, an eval-stage shard) keeps only its tasks' options; the
+        # option names themselves are checked against mteb's registry before compute (lmk.prefetch.preflight).
+        self.task_options = {t: o for t, o in self.task_options.items() if t in self.tasks}
+
     @property
     def enabled(self) -> bool:
         return bool(self.tasks)
+
+    def training_view(self) -> EvalConfig:
+        """The part of the suite the training job evaluates (`in_training`); all of it by default."""
+        if self.in_training == "all":
+            return self
+        groups = [] if self.in_training == "none" else list(self.in_training)
+        tasks = [t for t in self.tasks if any(t in self.groups[g] for g in groups)]
+        return EvalConfig.from_cfg({**{f.name: getattr(self, f.name) for f in fields(self)}, "tasks": tasks,
+                                    "groups": {g: self.groups[g] for g in groups}, "in_training": "all",
+                                    "task_options": {t: o for t, o in self.task_options.items() if t in tasks}})
 
     @classmethod
     def _prepare(cls, cfg: Any) -> Any:

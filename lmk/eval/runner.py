@@ -48,7 +48,48 @@ def _write_json(path: Path, data: Any) -> None:
 
 
 def _read_json(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text()) if path.is_file() else {}
+    if not path.is_file():
+        return {}
+    data = _parse(path)
+    if data is None:  # corrupt: moved aside; the caller recomputes what it held
+        quarantine(path)
+        return {}
+    return data
+
+
+def _parse(path: Path) -> dict[str, Any] | None:
+    """The file's JSON object, or None when it is not one (truncated write, disk error, hand edit)."""
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def quarantine(path: Path) -> Path:
+    """Move a corrupt cache file aside (`<name>.corrupt-<time>`, kept for inspection) and say which."""
+    target = path.with_name(f"{path.name}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
+    os.replace(path, target)
+    log.warning("eval cache file %s is corrupt (not a JSON object): moved to %s; its task is recomputed",
+                path, target.name)
+    return target
+
+
+def _repair_cache(cache: mteb.ResultCache, task: AbsTask, encoder: LmkEncoder, store: Path) -> list[Path]:
+    """Move aside this task's corrupt cache files (mteb's task result, the per-query scores, the split
+    fingerprints) and drop the task's cached result and per-query scores, so that mteb recomputes the whole
+    task instead of crashing in a bare JSONDecodeError (with any eval.overwrite). Returns the corrupt files."""
+    name = task.metadata.name
+    result = Path(cache.get_task_result_path(name, encoder.mteb_model_meta))
+    files = [result, store / f"{name}.fingerprints.json"]
+    files += [store / f"{leaf.metadata.name}.json" for leaf in _leaf_tasks(task)]
+    corrupt = [f for f in files if f.is_file() and _parse(f) is None]
+    for f in corrupt:
+        quarantine(f)
+    if corrupt:
+        for f in [result, *files[2:]]:
+            f.unlink(missing_ok=True)
+    return corrupt
 
 
 def _leaf_tasks(task: AbsTask) -> list[AbsTask]:
@@ -202,6 +243,7 @@ def run_suite(
             name = task.metadata.name
             log.info("eval [%d/%d] %s (%s), splits %s, model %s", i, len(task_list), name, task.metadata.main_score,
                      list(task.eval_splits), meta.name)
+            _repair_cache(cache, task, encoder, store)
             _drop_stale_cache(cache, task, encoder, store)
             _install_per_query_hook(task, store)
             calls_before, start = encoder.n_encode_calls, time.perf_counter()

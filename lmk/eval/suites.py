@@ -1,16 +1,13 @@
 """Suite config -> mteb task objects, with every check done before any text is encoded.
 
-Hub tasks come from `mteb.get_task`; local tasks (`Local*`) are regenerated offline by the data
-package. An unknown name fails with the closest valid names; a hub task asked for without a
-network fails fast, naming the offline suite `eval=local`.
+Hub tasks come from `mteb.get_task` (reading the hub mirror when it holds their dataset); local tasks
+(`Local*`) are regenerated offline by the data package. An unknown name fails with the closest valid names.
 """
 
 from __future__ import annotations
 
 import difflib
 import logging
-import os
-import socket
 from collections.abc import Sequence
 from functools import lru_cache
 
@@ -18,18 +15,13 @@ import mteb
 from mteb.abstasks.abstask import AbsTask
 
 from lmk.eval.config import LOCAL_TASKS, EvalConfig, EvalConfigError
+from lmk.eval.mirror import apply_mirror
 
 logger = logging.getLogger(__name__)
-
-_TRUE = {"1", "true", "yes", "on"}
 
 
 class UnknownTaskError(EvalConfigError):
     """A task name that is neither an mteb task nor a local task."""
-
-
-class OfflineError(RuntimeError):
-    """A hub task was requested but the Hugging Face hub cannot be reached."""
 
 
 @lru_cache(maxsize=1)
@@ -60,41 +52,11 @@ def check_task_names(names: Sequence[str]) -> None:
         )
 
 
-def is_offline(timeout: float = 2.0) -> bool:
-    """True when HF_HUB_OFFLINE / HF_DATASETS_OFFLINE is set or huggingface.co cannot be reached."""
-    for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
-        if os.environ.get(var, "").strip().lower() in _TRUE:
-            return True
-    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
-    host = endpoint.split("://", 1)[-1].split("/", 1)[0]
-    port = 443 if endpoint.startswith("https") else 80
-    if ":" in host:
-        host, port_s = host.rsplit(":", 1)
-        port = int(port_s)
-    try:
-        with socket.create_connection((host, port), timeout=timeout):
-            return False
-    except OSError:
-        return True
-
-
-def check_network(hub_tasks: Sequence[str]) -> None:
-    """Fail fast (before any encoding) when hub tasks are asked for without a network."""
-    if hub_tasks and is_offline():
-        raise OfflineError(
-            f"eval tasks {list(hub_tasks)} are mteb hub tasks: their data must be downloaded from the Hugging "
-            "Face hub, which is unreachable here (HF_HUB_OFFLINE is set or there is no network). Run with a "
-            "network, or with a local copy of the datasets in the Hugging Face cache (then unset "
-            "HF_HUB_OFFLINE), or use the offline suite `eval=local`."
-        )
-
-
-def build_tasks(cfg: EvalConfig, check_offline: bool = True) -> list[AbsTask]:
-    """The suite's mteb tasks, in config order. Names and the network are checked first."""
+def build_tasks(cfg: EvalConfig) -> list[AbsTask]:
+    """The suite's mteb tasks, in config order (names checked first). A hub task whose dataset is in the
+    hub mirror (`lmk.eval.mirror`) reads it from there; whether each one's data is at hand offline is
+    checked before compute by `lmk.prefetch.check_available` (config validation), not here."""
     check_task_names(cfg.tasks)
-    hub = [t for t in cfg.tasks if t not in LOCAL_TASKS]
-    if check_offline:
-        check_network(hub)
     from lmk.eval.tasks import build_local_task  # heavy data imports only when needed
 
     tasks: list[AbsTask] = []
@@ -103,12 +65,14 @@ def build_tasks(cfg: EvalConfig, check_offline: bool = True) -> list[AbsTask]:
             tasks.append(build_local_task(name, cfg))
             continue
         opts = cfg.task_options.get(name, {})
-        tasks.append(
-            mteb.get_task(
-                name,
-                languages=opts.get("languages"),
-                eval_splits=opts.get("eval_splits"),
-                hf_subsets=opts.get("hf_subsets"),
-            )
-        )
+        task = mteb.get_task(name, languages=opts.get("languages"), eval_splits=opts.get("eval_splits"),
+                             hf_subsets=opts.get("hf_subsets"))
+        from mteb.abstasks.aggregated_task import AbsTaskAggregate
+
+        # an aggregate (CQADupstackRetrieval) loads through its sub-tasks: each reads its own mirrored repo
+        for leaf in task.metadata.tasks if isinstance(task, AbsTaskAggregate) else [task]:
+            folder = apply_mirror(leaf)
+            if folder is not None:
+                logger.info("eval task %s reads %s from the hub mirror", leaf.metadata.name, folder)
+        tasks.append(task)
     return tasks

@@ -55,6 +55,9 @@ class Scale:
     launcher: str | None = None
     env: dict[str, str] = field(default_factory=dict)
     description: str = ""
+    # The evaluation stage (lmk.eval.stage): {overrides: [lmk.evaluate overrides, e.g. eval=table2-paper],
+    # shard_by: group | task, launcher_overrides: [...]}; empty: the training jobs evaluate.
+    eval_stage: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -106,6 +109,7 @@ def load_spec(path: str | Path) -> TableSpec:
                 include_optional=bool(s.get("include_optional", False)),
                 launcher=s.get("launcher"), env={str(k): str(v) for k, v in (s.get("env") or {}).items()},
                 description=str(s.get("description", "")).strip(),
+                eval_stage=dict(s.get("eval_stage") or {}),
             )
     except (KeyError, TypeError) as exc:
         raise SpecError(f"{path}: malformed spec ({exc}); see experiments/table2/spec.yaml") from exc
@@ -131,8 +135,8 @@ def suite_groups(eval_name: str, conf_dir: Path = CONF_DIR) -> list[str]:
 
 
 def experiment_eval(scale: Scale, conf_dir: Path = CONF_DIR) -> str | None:
-    """The eval suite a scale's experiment selects (its `- override /eval: X` default)."""
-    for o in scale.train_overrides:
+    """The eval suite a scale's experiment selects (its `- override /eval: X` default), or its eval stage's."""
+    for o in [*(scale.eval_stage or {}).get("overrides", []), *scale.train_overrides]:
         key, _, value = o.partition("=")
         if key == "eval":
             return value

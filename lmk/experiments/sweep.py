@@ -32,12 +32,13 @@ from lmk.experiments.spec import Row, Scale, SpecError, load_spec, validate_spec
 VALIDATORS = {"lmk.train": "lmk.config.validate", "lmk.evaluate": "lmk.evaluate.validate_config"}
 
 
-def sweep_command(entry: str, overrides: list[str], rows: list[Row], folder: Path, scale: Scale,
-                  group: str, force: bool, dry_run: bool) -> list[str]:
+def sweep_command(entry: str, overrides: list[str], rows: list[Row] | dict[str, list[str]], folder: Path,
+                  scale: Scale, group: str, force: bool, dry_run: bool) -> list[str]:
     """The multirun command line for one block of rows (what a user could type themselves)."""
     folder.mkdir(parents=True, exist_ok=True)
     rows_file = folder / "rows.yaml"
-    rows_file.write_text(yaml.safe_dump({r.id: list(r.overrides) for r in rows}, sort_keys=False))
+    plain = rows if isinstance(rows, dict) else {r.id: list(r.overrides) for r in rows}
+    rows_file.write_text(yaml.safe_dump(plain, sort_keys=False))
     cmd = [sys.executable, "-m", entry, "-m", *overrides,
            "hydra/sweeper=rows", f"hydra.sweeper.rows_file={rows_file}", f"hydra.sweep.dir={folder}",
            f"++logger.group={group}", f"hydra.sweeper.validate={VALIDATORS[entry]}"]
@@ -72,6 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--with-optional", action="store_true", default=None, help="include control rows")
     parser.add_argument("--rows", default=None, help="comma-separated row ids (default: all)")
     parser.add_argument("--no-zero-shot", action="store_true")
+    parser.add_argument("--stage", choices=("all", "train", "eval", "table"), default="all",
+                        help="run one stage: train (and zero-shot), eval (the scale's eval stage), table")
     args = parser.parse_args(argv)
 
     started = time.time()
@@ -95,8 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     group = f"{spec.name}-{args.scale}"
     print(f"[lmk.sweep] {spec.name} at scale {args.scale!r}: {len(rows)} rows -> {out}", flush=True)
 
-    blocks = [("train", "lmk.train", scale.train_overrides, rows)]
-    if scale.zero_shot and not args.no_zero_shot:
+    blocks = [("train", "lmk.train", scale.train_overrides, rows)] if args.stage in ("all", "train") else []
+    if scale.zero_shot and not args.no_zero_shot and args.stage in ("all", "train"):
         blocks.append(("zeroshot", "lmk.evaluate", scale.zero_shot_overrides, zero_shot_rows(rows)))
     failures = 0
     for name, entry, overrides, block_rows in blocks:
@@ -117,10 +120,20 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"[lmk.sweep] failed rows in {name}: {', '.join(failed)} (recorded; others kept)",
                       file=sys.stderr)
                 failures += 1  # the table is still built from the rows that finished
+    if scale.eval_stage and args.stage in ("all", "eval"):
+        from lmk.eval.stage import run_stage
+
+        failures += run_stage(scale, [r.id for r in rows], out, f"{group}-eval", args.force, args.dry_run,
+                              sweep_command, run_block)
     if args.dry_run:
         for name, *_ in blocks:
             print(f"[lmk.sweep] dry run: jobs in {out / name / 'jobs.json'}")
+        from lmk.eval.estimate import print_sweep_estimate
+
+        print_sweep_estimate(args.spec, args.scale, [r.id for r in rows])
         return 0
+    if args.stage in ("train", "eval"):
+        return 1 if failures else 0
 
     from lmk.experiments.tables import aggregate
 

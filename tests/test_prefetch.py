@@ -1,0 +1,369 @@
+"""Compute nodes without internet: what prefetch lists == what the jobs open; the mirror read offline by
+the real mteb task classes; the check before compute names what is missing (issue 13.3, 12 defect 4)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from omegaconf import OmegaConf
+
+from lmk import prefetch
+from lmk.eval import mirror
+from lmk.eval.config import EvalConfig
+from lmk.prefetch import Artifact, MissingArtifactsError, check_available, required_artifacts
+
+ROOT = Path(__file__).resolve().parent.parent
+SPEC = str(ROOT / "experiments" / "table2" / "spec.yaml")
+CONF = ROOT / "conf"
+
+
+@pytest.fixture()
+def empty_hf_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Offline, with an empty Hugging Face cache and no mirror (what a fresh compute node sees)."""
+    import datasets
+    from huggingface_hub import constants
+
+    hf = tmp_path / "hf"
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.delenv("LMK_HUB_MIRROR", raising=False)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(hf / "hub"))
+    monkeypatch.setattr(constants, "HF_HOME", str(hf))
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", hf / "datasets")
+    return hf
+
+
+# ------------------------------------------------------------------ listing == what the job opens
+class _Opened(BaseException):
+    """Raised by the recorders once a hub load is recorded: nothing is downloaded or built. A BaseException,
+    so the loaders' own `except Exception` wrappers let it through."""
+
+
+@contextlib.contextmanager
+def record_hub_loads():
+    """Record every hub repo the real loading code asks for (datasets, mteb's loader, transformers)."""
+    import datasets
+    import mteb.abstasks.retrieval_dataset_loaders as loaders
+    import transformers
+
+    opened: set[tuple[str, str, str | None]] = set()
+
+    def hit(kind: str, path: Any, revision: Any = None) -> None:
+        if prefetch.is_hub_id(str(path)):
+            opened.add((kind, str(path), revision))
+        raise _Opened(path)
+
+    def load_dataset(path: str, name: str | None = None, *args: Any, revision: str | None = None, **kw: Any) -> Any:
+        if not prefetch.is_hub_id(path):  # the offline set's own json/parquet reads
+            return real_load_dataset(path, name, *args, revision=revision, **kw)
+        hit("dataset", path, revision)
+
+    def mteb_load_dataset(path: str, *args: Any, revision: str | None = None, **kw: Any) -> Any:
+        hit("dataset", path, revision)  # mteb's per-config reads (corpus, queries, ...) of one repo
+
+    def mteb_config_names(path: str, revision: str | None = None, *args: Any, **kw: Any) -> Any:
+        hit("dataset", path, revision)
+
+    def from_pretrained(ident: Any, *args: Any, revision: str | None = None, **kw: Any) -> Any:
+        hit("model", ident, revision)  # a local model is not built either: nothing to fetch
+
+    real_load_dataset = datasets.load_dataset
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(datasets, "load_dataset", load_dataset)
+        mp.setattr(loaders, "load_dataset", mteb_load_dataset)
+        mp.setattr(loaders, "get_dataset_config_names", mteb_config_names)
+        for cls_name in ("AutoModel", "AutoTokenizer", "AutoConfig"):
+            mp.setattr(getattr(transformers, cls_name), "from_pretrained", from_pretrained)
+        yield opened
+
+
+def _open_everything(cfg: Any) -> None:
+    """Run the job's own loading code for encoder, training data and eval tasks, up to the first hub read."""
+    from lmk.data.config import DataConfig
+    from lmk.data.pairs import load_pairs
+    from lmk.encoders import load_backbone
+    from lmk.eval.suites import build_tasks
+
+    if str(cfg.get("model")) in ("None", "null", ""):
+        with contextlib.suppress(_Opened):
+            load_backbone(cfg.encoder)
+    if cfg.get("data") is not None:
+        for src in DataConfig.coerce(cfg.data).sources:
+            if (src.get("path", "local") if isinstance(src, dict) else src) == "local":
+                continue  # the offline default set: built from installed packages, never the hub
+            with contextlib.suppress(_Opened):
+                load_pairs(src, max_rows=1)
+    if "train" in cfg:  # a training job evaluates through its eval callback (its `eval.in_training` part)
+        from lmk.eval.callback import build_eval_callback
+
+        callback = build_eval_callback(cfg.eval, "/nonexistent-run-dir")
+        tasks = callback._build_tasks() if callback is not None else []
+    else:
+        tasks = build_tasks(EvalConfig.from_cfg(cfg.eval))
+    for task in tasks:
+        for leaf in prefetch._leaves(task):
+            with contextlib.suppress(_Opened):
+                leaf.load_data()  # local tasks load from memory: nothing is recorded
+
+
+def _scales() -> list[Any]:
+    import yaml
+
+    # mini regenerates its local tasks (about 10 s): slow; every other scale takes a few seconds
+    return [pytest.param(s, marks=pytest.mark.slow) if s == "mini" else s
+            for s in yaml.safe_load(Path(SPEC).read_text())["scales"]]
+
+
+@pytest.mark.parametrize("scale", _scales())
+def test_prefetch_list_equals_what_every_job_loads(scale: str, empty_hf_cache: Path) -> None:
+    jobs = prefetch._compose_jobs(SPEC, scale)
+    assert jobs, f"scale {scale} has no jobs"
+    seen: set[str] = set()
+    for label, cfg in jobs:
+        # rows differ in pooling only; jobs with the same encoder / data / eval / model open the same things
+        model_set = str(cfg.get("model")) not in ("None", "null", "")
+        parts = [k for k in ("data", "eval") if k in cfg] + ([] if model_set else ["encoder"])
+        key = OmegaConf.to_yaml(OmegaConf.masked_copy(cfg, parts)) + str(model_set)
+        if key in seen:
+            continue
+        seen.add(key)
+        # compared per repo and revision (the unit prefetch downloads and the check looks for); the configs
+        # read inside a repo (mteb's corpus/queries/qrels, CodeSearchNet's per-language ones) come with it
+        listed = {(a.kind, a.repo_id, a.revision) for a in required_artifacts(cfg)}
+        with record_hub_loads() as opened:
+            _open_everything(cfg)
+        assert listed == opened, f"{scale} {label}: listed but not opened {listed - opened}; opened but not " \
+                                 f"listed {opened - listed}"
+        if scale == "paper" and label.startswith("train/"):
+            repos = {r for _, r, _ in listed}
+            assert "answerdotai/ModernBERT-base" in repos and "cfli/bge-full-data" in repos
+            assert not any(r.startswith("mteb/") for r in repos)  # paper training evaluates nothing
+    if scale == "paper":  # the eval stage's jobs read the suite's datasets, and only those
+        stage = {(a.kind, a.repo_id) for a in prefetch.scale_artifacts(SPEC, scale) if a.task}
+        assert ("dataset", "mteb/scifact") in stage and ("dataset", "dwzhu/LongEmbed") in stage
+
+
+def test_required_artifacts_of_the_paper_suite() -> None:
+    cfg = {"encoder": OmegaConf.load(CONF / "encoder" / "modernbert-base.yaml"),
+           "data": OmegaConf.load(CONF / "data" / "msmarco-passage.yaml"),
+           "eval": OmegaConf.load(CONF / "eval" / "table2-paper.yaml")}
+    arts = {a.key: a for a in required_artifacts(cfg)}
+    assert arts[("model", "answerdotai/ModernBERT-base", None)].what.startswith("encoder")
+    data = arts[("dataset", "cfli/bge-full-data", None)]
+    assert data.data_files == "data/msmarco_passage-*.parquet"  # only the MS MARCO files, not the whole repo
+    assert arts[("dataset", "mteb/scifact", None)].revision == "d56462d0e63a25450459c4f213e49ffdb866f7f9"
+    assert ("dataset", "dwzhu/LongEmbed", "needle") in arts and ("dataset", "dwzhu/LongEmbed", "qmsum") in arts
+    # CQADupstackRetrieval is an aggregate: each sub-forum's dataset is listed
+    assert sum("CQADupstack" in a.what for a in arts.values()) >= 12
+    # offline-only jobs load nothing from the hub
+    tiny = {"encoder": OmegaConf.load(CONF / "encoder" / "tiny-modernbert.yaml"),
+            "data": OmegaConf.load(CONF / "data" / "local.yaml"), "eval": OmegaConf.load(CONF / "eval" / "table2-tiny.yaml")}
+    assert required_artifacts(tiny) == []
+    # evaluating a saved model needs only the eval data, not the encoder config's weights
+    saved = {**cfg, "model": "/some/run"}
+    assert all(a.kind == "dataset" for a in required_artifacts(saved))
+
+
+# ------------------------------------------------------------------ the consuming side, offline
+def test_offline_check_names_whats_missing_then_passes_with_the_mirror(
+        tmp_path: Path, empty_hf_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from lmk.eval.replicas import Sizes, write_replicas
+
+    cfg = {"eval": OmegaConf.load(CONF / "eval" / "table2-rehearsal.yaml"),
+           "encoder": OmegaConf.load(CONF / "encoder" / "modernbert-base.yaml")}
+    with pytest.raises(MissingArtifactsError) as err:
+        check_available(cfg)
+    msg = str(err.value)
+    for repo in ("mteb/scifact", "mteb/msmarco", "mteb/MultiLongDocRetrieval", "dwzhu/LongEmbed",
+                 "answerdotai/ModernBERT-base"):
+        assert repo in msg
+    assert "lmk.prefetch" in msg and "hub.mirror" in msg
+    check_available(cfg, offline=False)  # online: the job downloads; nothing is probed
+
+    root = tmp_path / "mirror"
+    write_replicas(root, ["SciFact", "MSMARCO"], Sizes(n_queries=2, n_docs=4))
+    monkeypatch.setenv("LMK_HUB_MIRROR", str(root))
+    with pytest.raises(MissingArtifactsError) as err:
+        check_available(cfg)
+    msg = str(err.value)
+    assert "mteb/scifact" not in msg and "mteb/msmarco" not in msg  # found in the mirror
+    assert "dwzhu/LongEmbed" in msg and "answerdotai/ModernBERT-base" in msg
+    # a model folder in the mirror is found, and the encoder loads from it (resolve_model)
+    model_dir = mirror.repo_dir(root, "model", "answerdotai/ModernBERT-base")
+    model_dir.mkdir(parents=True)
+    (model_dir / "config.json").write_text("{}")
+    assert mirror.resolve_model("answerdotai/ModernBERT-base") == str(model_dir)
+    assert mirror.resolve_model("other/model") == "other/model"
+    # a dataset in the hub cache counts too (what `prefetch` without --mirror fills)
+    snap = empty_hf_cache / "hub" / "datasets--dwzhu--LongEmbed" / "snapshots" / "6e346642246bfb4928c560ee08640dc84d074e8c"
+    snap.mkdir(parents=True)
+    write_replicas(root, [t for t in ("MultiLongDocRetrieval", "LEMBPasskeyRetrieval")], Sizes(n_queries=2, n_docs=4))
+    check_available(cfg)
+
+
+def test_prefetch_offline_records_whats_there_and_refuses_to_download(
+        tmp_path: Path, empty_hf_cache: Path, capsys: pytest.CaptureFixture) -> None:
+    from lmk.eval.replicas import Sizes, write_replicas
+
+    root = tmp_path / "mirror"
+    write_replicas(root, ["SciFact"], Sizes(n_queries=2, n_docs=4))
+    have = Artifact("dataset", "mteb/scifact", "d56462d0e63a25450459c4f213e49ffdb866f7f9", what="eval task SciFact")
+    entries = prefetch.prefetch([have], root)
+    assert entries[0]["status"] == "mirror" and entries[0]["path"] == "datasets/mteb/scifact"
+    manifest = json.loads((root / mirror.MANIFEST).read_text())
+    assert any(e["repo_id"] == "mteb/scifact" for e in manifest["artifacts"])
+    lacking = Artifact("model", "answerdotai/ModernBERT-base", what="encoder")
+    dry = prefetch.prefetch([have, lacking], root, dry_run=True)
+    assert [e["status"] for e in dry] == ["mirror", "missing"]
+    with pytest.raises(MissingArtifactsError, match="needs the network"):
+        prefetch.prefetch([lacking], root)
+
+
+def test_prefetch_cli_dry_run_lists_the_paper_sweep(empty_hf_cache: Path, capsys: pytest.CaptureFixture) -> None:
+    assert prefetch.main([SPEC, "--scale", "paper", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "answerdotai/ModernBERT-base" in out and "cfli/bge-full-data" in out and "mteb/scifact" in out
+    assert "dry run:" in out and "not on disk" in out
+
+
+# ------------------------------------------------------------------ replicas through the real task classes
+@pytest.fixture(scope="module")
+def replica_mirror(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from lmk.eval.replicas import Sizes, write_replicas
+
+    root = tmp_path_factory.mktemp("mirror")
+    write_replicas(root, sizes=Sizes(n_queries=3, n_docs=6, lengths=(256, 512)))
+    return root
+
+
+def test_replicas_have_the_hub_layout(replica_mirror: Path) -> None:
+    import datasets
+
+    scifact = replica_mirror / "datasets" / "mteb" / "scifact"
+    assert sorted(datasets.get_dataset_config_names(str(scifact))) == ["corpus", "default", "queries"]
+    corpus = datasets.load_dataset(str(scifact), "corpus", split="corpus")
+    assert corpus.column_names == ["_id", "title", "text"] and corpus.num_rows == 6
+    qrels = datasets.load_dataset(str(scifact), "default", split="test")
+    assert qrels.column_names == ["query-id", "corpus-id", "score"] and qrels.num_rows == 3
+    mldr = replica_mirror / "datasets" / "mteb" / "MultiLongDocRetrieval"
+    assert {"en-corpus", "en-queries", "en-qrels"} <= set(datasets.get_dataset_config_names(str(mldr)))
+    needle = datasets.load_dataset(str(replica_mirror / "datasets" / "dwzhu" / "LongEmbed"), name="needle")
+    assert set(needle) == {"corpus", "queries", "qrels"}
+    assert sorted(set(needle["queries"]["context_length"])) == [256, 512]
+    passkey = replica_mirror / "datasets" / "mteb" / "LEMBPasskeyRetrieval"
+    assert datasets.get_dataset_split_names(str(passkey), "corpus") == ["test_256", "test_512"]
+
+
+def test_real_mteb_tasks_evaluate_offline_from_the_replicas(replica_mirror: Path, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    from lmk.eval.runner import run_suite
+    from lmk.eval.suites import build_tasks
+    from lmk.model import EmbeddingModel
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("LMK_HUB_MIRROR", str(replica_mirror))
+    cfg = EvalConfig.from_cfg(OmegaConf.load(CONF / "eval" / "table2-rehearsal.yaml"))
+    tasks = build_tasks(cfg)
+    import mteb
+
+    for task in tasks:  # the real classes, only their dataset path and revision point at the mirror
+        assert type(task).__mro__[1] is type(mteb.get_task(task.metadata.name))
+        assert Path(task.metadata.dataset["path"]).is_relative_to(replica_mirror)
+        assert task.metadata.dataset["revision"].startswith("lmk-replica-")
+    enc = OmegaConf.load(CONF / "encoder" / "tiny-modernbert.yaml")
+    enc.config_overrides.update(num_hidden_layers=1, hidden_size=32, num_attention_heads=2, intermediate_size=32)
+    model = EmbeddingModel.build(enc, OmegaConf.load(CONF / "pooling" / "lmk-fixed.yaml"))
+    section = run_suite(model, cfg, tmp_path / "cache", tasks=tasks)
+    assert set(section["tasks"]) == set(cfg.tasks)
+    for name, entry in section["tasks"].items():
+        assert 0.0 <= entry["main_score"] <= 1.0, name
+        assert all(0.0 <= v <= 1.0 for v in entry["splits"].values())
+    assert set(section["tasks"]["LEMBNeedleRetrieval"]["splits"]) == {"test_256", "test_512"}
+    assert set(section["groups"]) == {"msmarco-dev", "beir15", "mldr-eng", "longembed6"}
+    # unload + reload (mteb drops instance metadata on unload): the mirror path must survive
+    task = tasks[0]
+    task.unload_data()
+    assert Path(task.metadata.dataset["path"]).is_relative_to(replica_mirror)
+
+
+def test_rewritten_replica_is_never_read_from_a_stale_datasets_cache(tmp_path: Path) -> None:
+    # `datasets` caches a local folder under a hash of its README config block: same file names with other
+    # contents would come back from the cache. The replica's content tag is in its file names.
+    import datasets
+
+    from lmk.eval.replicas import Sizes, write_replicas
+
+    for n_docs in (4, 5):
+        root = tmp_path / f"m{n_docs}"
+        write_replicas(root, ["SciFact"], Sizes(n_queries=2, n_docs=n_docs))
+        corpus = datasets.load_dataset(str(root / "datasets" / "mteb" / "scifact"), "corpus", split="corpus")
+        assert corpus.num_rows == n_docs
+
+
+def test_training_data_in_the_mirror_is_read_from_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    data = OmegaConf.load(CONF / "data" / "msmarco-passage.yaml")
+    monkeypatch.setenv("LMK_HUB_MIRROR", str(tmp_path))
+    assert mirror.with_mirrored_sources(data).sources[0].path == "cfli/bge-full-data"  # not mirrored: unchanged
+    folder = mirror.repo_dir(tmp_path, "dataset", "cfli/bge-full-data") / "data"
+    folder.mkdir(parents=True)
+    (folder / "msmarco_passage-00000-of-00001.parquet").write_bytes(b"")
+    src = mirror.with_mirrored_sources(data).sources[0]
+    assert src.path == str(folder.parent) and src.data_files == "data/msmarco_passage-*.parquet"
+    assert data.sources[0].path == "cfli/bge-full-data"  # the job's own config is not modified
+
+
+def test_prefetch_goes_through_the_proxy_variables(tmp_path: Path) -> None:
+    """Where the network is used (prefetch on a login node), HTTPS_PROXY is honoured: a stand-in proxy sees
+    the CONNECT to the hub for a model and for an eval task's dataset (refused here: no hub is reachable)."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    import threading
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    seen: list[bytes] = []
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            seen.append(conn.recv(4096).split(b"\r\n", 1)[0])
+            conn.sendall(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n")
+            conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    proxy = f"http://127.0.0.1:{server.getsockname()[1]}"
+    env = {k: v for k, v in os.environ.items() if k.upper() not in
+           ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE", "NO_PROXY")}
+    env.update(HTTPS_PROXY=proxy, HTTP_PROXY=proxy, HF_HOME=str(tmp_path / "hf"), PYTHONPATH=str(ROOT))
+    code = ("from lmk.prefetch import fetch, Artifact\n"
+            "for art in (Artifact('model', 'answerdotai/ModernBERT-base'),\n"
+            "            Artifact('dataset', 'mteb/scifact', 'd56462d0e63a25450459c4f213e49ffdb866f7f9', task='SciFact')):\n"
+            "    try:\n        fetch(art, None)\n    except Exception as err:\n        print(type(err).__name__, 'proxy' in repr(err).lower() or '403' in repr(err))\n")
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    server.close()
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    errors = proc.stdout.split()
+    assert errors[1::2] == ["True", "True"], proc.stdout  # both refused by the proxy, not reached directly
+    assert seen and all(line.startswith(b"CONNECT huggingface.co:443") for line in seen)
+
+
+def test_aggregate_task_leaves_read_the_mirror(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from lmk.eval.suites import build_tasks
+
+    monkeypatch.setenv("LMK_HUB_MIRROR", str(tmp_path))
+    folder = mirror.repo_dir(tmp_path, "dataset", "mteb/cqadupstack-gaming")
+    folder.mkdir(parents=True)
+    (folder / "README.md").write_text("---\n---\n")
+    (task,) = build_tasks(EvalConfig(name="x", tasks=["CQADupstackRetrieval"]))
+    paths = {leaf.metadata.name: leaf.metadata.dataset["path"] for leaf in task.metadata.tasks}
+    assert paths["CQADupstackGamingRetrieval"] == str(folder.resolve())
+    assert paths["CQADupstackUnixRetrieval"] == "mteb/cqadupstack-unix"  # not mirrored: the hub id
