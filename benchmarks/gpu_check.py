@@ -216,8 +216,8 @@ def check_encode(smoke: bool, work: Path) -> dict[str, Any]:
 
 def check_rehearsal(smoke: bool, work: Path) -> dict[str, Any]:
     """The rehearsal's first row through `lmk.train` on this device (one process: one GPU here)."""
+    from lmk.experiments.spec import load_spec
     from lmk.results import read_results
-    from lmk.table_spec import load_spec
 
     spec = load_spec(ROOT / "experiments/table2/spec.yaml")
     scale = spec.scale("rehearsal")

@@ -31,12 +31,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from lmk.data.config import LOCAL_SOURCE as LOCAL_DATA
+from lmk.data.config import is_named_source
 from lmk.eval import mirror
 from lmk.eval.config import LOCAL_TASKS, EvalConfig
 
 log = logging.getLogger(__name__)
 
-LOCAL_DATA = "local"  # lmk.data.config.LOCAL_SOURCE (not imported: keeps this module light)
 MANIFEST = "lmk_manifest.json"
 
 
@@ -137,7 +138,7 @@ def data_artifacts(data: Any) -> list[Artifact]:
     out = []
     for src in _sources(data):
         path = src.get("path", LOCAL_DATA)
-        if path != LOCAL_DATA and is_hub_id(path) and not Path(path).suffix:
+        if not is_named_source(path) and is_hub_id(path) and not Path(path).suffix:
             out.append(Artifact("dataset", path, src.get("revision"), src.get("subset"), _plain(src.get("data_files")),
                                 what=f"training data {src.get('name') or path}"))
     return out
@@ -299,13 +300,13 @@ def check_data_paths(data: Any) -> None:
     missing = []
     for src in _sources(data):
         path = src.get("path", LOCAL_DATA)
-        if path == LOCAL_DATA or is_hub_id(path) and not Path(path).suffix:
-            continue
+        if is_named_source(path) or is_hub_id(path) and not Path(path).suffix:
+            continue  # `local` and `replica:<name>` are built on demand in the lmk cache
         if not Path(path).expanduser().exists():
             missing.append(path)
     if missing:
         raise PreflightError(f"data.sources: path(s) {missing} do not exist; give existing .jsonl/.json/.parquet "
-                             "files or folders, 'local' (the offline default set) or a hub id (owner/name)")
+                             "files or folders, 'local' (the offline default set), 'replica:bge-full-data' or a hub id (owner/name)")
 
 
 def check_eval_tasks(eval_cfg: Any) -> None:
@@ -370,10 +371,7 @@ def _compose_jobs(spec_path: str, scale_name: str) -> list[tuple[str, Any]]:
     """(label, composed config) of every job a sweep of `scale_name` launches."""
     from hydra import compose, initialize_config_dir
 
-    try:
-        from lmk.experiments.table_spec import load_spec  # after the experiments/ move
-    except ImportError:
-        from lmk.table_spec import load_spec
+    from lmk.experiments.spec import load_spec
     spec = load_spec(spec_path)
     scale = spec.scale(scale_name)
     rows = spec.rows_for(scale, None)
@@ -387,8 +385,8 @@ def _compose_jobs(spec_path: str, scale_name: str) -> list[tuple[str, Any]]:
                 jobs.append((f"zeroshot/{row.id}", compose("evaluate", overrides=[
                     *scale.zero_shot_overrides, *row.overrides, f"row={row.id}"])))
         stage = getattr(scale, "eval_stage", None) or {}
-        if stage:  # the eval stage: one lmk.evaluate job per (row, shard) on the trained model (lmk.eval.stage)
-            from lmk.eval.stage import SEP, plan_shards
+        if stage:  # the eval stage: one lmk.evaluate job per (row, shard) on the trained model (lmk.experiments.eval_stage)
+            from lmk.experiments.eval_stage import SEP, plan_shards
 
             overrides = [*stage.get("overrides", []), *stage.get("launcher_overrides", [])]
             suite = EvalConfig.from_cfg(compose("evaluate", overrides=overrides).eval)

@@ -9,7 +9,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from lmk.eval.config import EvalConfig
-from lmk.eval.estimate import (
+from lmk.experiments.estimate import (
     CHARS_PER_TOKEN,
     KNOWN_SHAPES,
     Shape,
@@ -34,7 +34,8 @@ def test_training_tokens_follow_the_config() -> None:
         "trainer": {"max_steps": 5000}})
     cost = training_cost(cfg, n_jobs=2, gpus_per_job=24)
     assert cost.tokens == 2 * 5000 * 256 * 24 * (128 + 8 * 512)
-    shape = Shape(*KNOWN_SHAPES["answerdotai/ModernBERT-base"])
+    shape = encoder_shape(cfg.encoder)  # the shipped ModernBERT-base config.json (lmk.cost)
+    assert shape.params() == 149_014_272
     per_query = 128 * shape.forward_flops_per_token(128) + 8 * 512 * shape.forward_flops_per_token(512)
     assert cost.flops == pytest.approx(2 * 5000 * 256 * 24 * per_query * 4)  # checkpointing: 4 forwards
     cfg.trainer.max_steps = -1
@@ -81,6 +82,6 @@ def test_paper_sweep_estimate_has_both_stages(tmp_path: Path) -> None:
     stages, tp = sweep_estimate(SPEC, "paper", rows, gpu="H100", gpu_check=tmp_path / "absent.json")
     train, ev = stages
     assert train.stage == "train" and train.jobs == 3 and ev.stage == "eval" and ev.jobs == 3 * 6
-    assert train.tokens == 3 * 5000 * 256 * 24 * (128 + 8 * 512)
+    assert train.tokens == 3 * 5000 * 256 * 20 * (128 + 8 * 512)  # 5 nodes x 4 GPUs
     assert ev.tokens > 1e9 and "published H100" in tp.source
     assert 0 < ev.gpu_hours(tp) and 0 < train.gpu_hours(tp)

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from lmk.eval.config import EvalConfig
-from lmk.eval.stage import plan_shards
+from lmk.experiments.eval_stage import plan_shards
 from lmk.results import read_results, update_results
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -56,7 +56,7 @@ class EvalConfig(Coercible):
     overwrite: str = "only-missing"
     show_progress: bool = True
     # What the training job itself evaluates (the eval callback): "all" the suite, "none" (the sweep's eval
-    # stage evaluates the trained model as separate jobs, lmk.eval.stage), or a list of group names (a small
+    # stage evaluates the trained model as separate jobs, lmk.experiments.eval_stage), or a list of group names (a small
     # dev subset).
     in_training: Any = "all"
 

@@ -55,7 +55,7 @@ class Scale:
     launcher: str | None = None
     env: dict[str, str] = field(default_factory=dict)
     description: str = ""
-    # The evaluation stage (lmk.eval.stage): {overrides: [lmk.evaluate overrides, e.g. eval=table2-paper],
+    # The evaluation stage (lmk.experiments.eval_stage): {overrides: [lmk.evaluate overrides, e.g. eval=table2-paper],
     # shard_by: group | task, launcher_overrides: [...]}; empty: the training jobs evaluate.
     eval_stage: dict[str, Any] = field(default_factory=dict)
 

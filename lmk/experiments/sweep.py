@@ -121,14 +121,14 @@ def main(argv: list[str] | None = None) -> int:
                       file=sys.stderr)
                 failures += 1  # the table is still built from the rows that finished
     if scale.eval_stage and args.stage in ("all", "eval"):
-        from lmk.eval.stage import run_stage
+        from lmk.experiments.eval_stage import run_stage
 
         failures += run_stage(scale, [r.id for r in rows], out, f"{group}-eval", args.force, args.dry_run,
                               sweep_command, run_block)
     if args.dry_run:
         for name, *_ in blocks:
             print(f"[lmk.sweep] dry run: jobs in {out / name / 'jobs.json'}")
-        from lmk.eval.estimate import print_sweep_estimate
+        from lmk.experiments.estimate import print_sweep_estimate
 
         print_sweep_estimate(args.spec, args.scale, [r.id for r in rows])
         return 0

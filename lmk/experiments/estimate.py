@@ -41,31 +41,34 @@ KNOWN_SHAPES: dict[str, tuple[float, int, int, int]] = {
 
 @dataclass
 class Shape:
-    params: float
+    n_params: float
     layers: int
     width: int
     vocab: int
 
+    def params(self) -> float:  # the same call as lmk.cost.EncoderShape.params()
+        return self.n_params
+
     def forward_flops_per_token(self, seq_len: float) -> float:
-        non_embedding = max(self.params - self.vocab * self.width, 0.0)
+        non_embedding = max(self.n_params - self.vocab * self.width, 0.0)
         return 2.0 * non_embedding + 2.0 * self.layers * seq_len * self.width
 
 
-def encoder_shape(encoder: Any) -> Shape:
-    """The encoder's size from its config (random init: from its config values) or the table above."""
-    get = (lambda k, d=None: encoder.get(k, d)) if isinstance(encoder, Mapping) else \
-        (lambda k, d=None: getattr(encoder, k, d))
-    for key in (get("model_id"), get("package"), get("tokenizer")):
-        if key in KNOWN_SHAPES:
-            return Shape(*KNOWN_SHAPES[key])
-    over = dict(get("config_overrides") or {})
-    if "hidden_size" in over and "num_hidden_layers" in over:
-        d, layers = int(over["hidden_size"]), int(over["num_hidden_layers"])
-        inter = int(over.get("intermediate_size", 4 * d))
-        vocab = int(over.get("vocab_size", 30522))
-        return Shape(layers * (4 * d * d + 2 * d * inter) + vocab * d, layers, d, vocab)
-    raise ValueError(f"encoder {get('name')!r}: size unknown; add its (params, layers, width, vocab) to "
-                     "lmk.eval.estimate.KNOWN_SHAPES")
+def encoder_shape(encoder: Any) -> Any:
+    """The encoder's shape from its config (lmk.cost.encoder_shape: shipped, local or cached config.json,
+    random-init sizes); a hub id whose config is not on disk yet falls back to the table above."""
+    from lmk.cost import encoder_shape as from_config
+
+    try:
+        return from_config(encoder)
+    except (ValueError, OSError) as err:
+        get = (lambda k, d=None: encoder.get(k, d)) if isinstance(encoder, Mapping) else \
+            (lambda k, d=None: getattr(encoder, k, d))
+        for key in (get("model_id"), get("package"), get("tokenizer")):
+            if key in KNOWN_SHAPES:
+                return Shape(*KNOWN_SHAPES[key])
+        raise ValueError(f"encoder {get('name')!r}: size unknown ({err}); prefetch its config or add its "
+                         "(params, layers, width, vocab) to lmk.experiments.estimate.KNOWN_SHAPES") from err
 
 
 # ------------------------------------------------------------------------------------- throughput
@@ -152,7 +155,7 @@ def training_cost(cfg: Any, n_jobs: int, gpus_per_job: int) -> StageCost:
     tokens_one = queries * (q_len + group * p_len)
     return StageCost("train", n_jobs, tokens_one * n_jobs, flops_one * n_jobs,
                      [f"{steps} steps x {per_device} queries x {gpus_per_job} GPUs, {group} passages each, "
-                      f"{q_len}/{p_len} tokens (padded: an upper bound), {shape.params / 1e6:.0f}M params"])
+                      f"{q_len}/{p_len} tokens (padded: an upper bound), {shape.params() / 1e6:.0f}M params"])
 
 
 def _side(stats: Mapping[str, Any], key: str, n_key: str, max_len: int) -> tuple[float, float]:
@@ -226,12 +229,9 @@ def sweep_estimate(spec_path: str, scale_name: str, rows: Sequence[str], gpu: st
 
     from hydra import compose, initialize_config_dir
 
-    try:
-        from lmk.experiments.table_spec import load_spec  # after the experiments/ move
-    except ImportError:
-        from lmk.table_spec import load_spec
     from lmk.eval.config import EvalConfig
-    from lmk.eval.stage import plan_shards
+    from lmk.experiments.eval_stage import plan_shards
+    from lmk.experiments.spec import load_spec
 
     spec = load_spec(spec_path)
     scale = spec.scale(scale_name)
