@@ -10,12 +10,14 @@ from __future__ import annotations
 import contextlib
 import re
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
+# torch is imported inside the functions: config validation (check_*) must stay instant and torch-free
 DEVICES = ("auto", "cpu", "cuda", "cuda:N")
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 _DEVICE_RE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 
 
@@ -34,6 +36,8 @@ def check_precision(spec: str, key: str = "eval.precision") -> str:
 
 def resolve_device(spec: str = "auto", key: str = "eval.device") -> torch.device:
     """`auto` -> cuda when available, else cpu; an explicit cuda request without CUDA fails naming `key`."""
+    import torch
+
     check_device(spec, key)
     if spec == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -54,6 +58,8 @@ def resolve_device(spec: str = "auto", key: str = "eval.device") -> torch.device
 
 def resolve_precision(spec: str, device: torch.device | str, key: str = "eval.precision") -> str:
     """`auto` -> bf16 on GPUs that support it (fp16 on older ones), fp32 on CPU; else the spec."""
+    import torch
+
     check_precision(spec, key)
     device = torch.device(device)
     if spec != "auto":
@@ -66,11 +72,14 @@ def resolve_precision(spec: str, device: torch.device | str, key: str = "eval.pr
 @contextlib.contextmanager
 def autocast(device: torch.device | str, precision: str) -> Iterator[None]:
     """torch.autocast for bf16/fp16 on `device`; nothing for fp32 (`auto` must be resolved first)."""
+    import torch
+
     check_precision(precision)
     if precision == "auto":
         raise ValueError("autocast needs a resolved precision (bf16, fp16 or fp32); call resolve_precision first")
     if precision == "fp32":
         yield
         return
-    with torch.autocast(device_type=torch.device(device).type, dtype=DTYPES[precision]):
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    with torch.autocast(device_type=torch.device(device).type, dtype=dtype):
         yield
