@@ -190,3 +190,16 @@ def test_32k_token_document_fits_in_memory():
     assert emb.shape == (1, m.hidden_size) and np.isfinite(emb).all()
     assert m.truncation_count == 1  # really 32,768 tokens
     assert res["peak_mb"] < 24 * 1024, res["peak_mb"]
+
+
+def test_adapter_precision_is_part_of_the_cache_identity(modernbert):
+    from lmk.eval.encoder import LmkEncoder
+
+    auto = LmkEncoder(modernbert, precision="auto")  # CPU: fp32, the same identity as before
+    plain = LmkEncoder(modernbert)
+    bf16 = LmkEncoder(modernbert, precision="bf16", max_tokens_per_batch=64)
+    assert auto.precision == plain.precision == "fp32" and bf16.precision == "bf16"
+    assert auto.mteb_model_meta.experiment_kwargs == plain.mteb_model_meta.experiment_kwargs
+    assert bf16.mteb_model_meta.experiment_kwargs["precision"] == "bf16"
+    with pytest.raises(ValueError, match="max_tokens_per_batch=0"):
+        LmkEncoder(modernbert, max_tokens_per_batch=0)
