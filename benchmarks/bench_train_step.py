@@ -15,14 +15,15 @@ from typing import Any
 
 import torch
 
-from benchmarks.common import build_model, check_size, figure, mixed_texts
+from benchmarks.common import build_model, check_size, figure, mixed_texts, paired_ratios
 
 SECTION = "train_step"
 SIZES: dict[str, dict[str, Any]] = {
     "tiny": {"steps": 3, "warmup_steps": 1, "batch_size": 2, "group_size": 2, "query_len": 16, "passage_len": 48,
              "rounds": 1},
-    "full": {"steps": 12, "warmup_steps": 2, "batch_size": 8, "group_size": 2, "query_len": 32, "passage_len": 128,
-             "rounds": 2},
+    # many short rounds: each round is one paired sample (Lightning fit, then the raw loop) for the interval
+    "full": {"steps": 8, "warmup_steps": 2, "batch_size": 8, "group_size": 2, "query_len": 32, "passage_len": 128,
+             "rounds": 6},
 }
 # no warm-up: with DeepSpeed's schedule (lmk.module.warmup_decay) the first two warm-up steps run at lr 0
 LR, TAU, WEIGHT_DECAY, SCHEDULE_WARMUP = 1e-4, 0.02, 0.01, 0
@@ -135,11 +136,15 @@ def run(size: str = "tiny") -> list[dict[str, Any]]:
     raw_steps: list[float] = []
     light_losses = raw_losses = None
     fit_s = []
-    for _ in range(p["rounds"]):  # alternate the two sides so machine load drift hits both
+    light_round_s: list[float] = []
+    raw_round_s: list[float] = []
+    for _ in range(p["rounds"]):  # ABAB...: machine-load drift hits both sides; one paired ratio per round
         light = lightning_loop(fresh_model(), batches)
         raw = raw_loop(fresh_model(), batches, p["group_size"])
         light_steps += light["step_s"][p["warmup_steps"]:]
         raw_steps += raw["step_s"][p["warmup_steps"]:]
+        light_round_s.append(statistics.median(light["step_s"][p["warmup_steps"]:]))
+        raw_round_s.append(statistics.median(raw["step_s"][p["warmup_steps"]:]))
         light_losses, raw_losses = light["losses"], raw["losses"]
         fit_s.append(light["fit_s"])
     samples = p["batch_size"]  # queries per step (each with its group of passages)
@@ -153,5 +158,8 @@ def run(size: str = "tiny") -> list[dict[str, Any]]:
         details={**{k: p[k] for k in ("steps", "batch_size", "group_size", "query_len", "passage_len")},
                  "overhead": peer / ours - 1, "lightning_losses": light_losses, "raw_losses": raw_losses,
                  "max_loss_diff": diff, "lightning_fit_s": fit_s,
-                 "lightning_step_s": light_steps, "raw_step_s": raw_steps},
+                 "lightning_step_s": light_steps, "raw_step_s": raw_steps,
+                 "lightning_round_step_s": light_round_s, "raw_round_step_s": raw_round_s},
+        # samples/s ratio per round = raw step time / Lightning step time
+        ratio_samples=paired_ratios(raw_round_s, light_round_s),
     )]

@@ -2,7 +2,13 @@
 
 A figure is a plain dict (JSON-able) so the report writer, the tests and the lead's tables all read one
 shape: ``{"section", "name", "unit", "ours", "peer", "peer_name", "ratio", "ratio_def", "goal",
-"passed", "status", "reason", "details"}``.
+"passed", "verdict", "ci", "status", "reason", "details"}``.
+
+Timed ratios are noisy on a shared machine, so ours and the peer run interleaved repeat by repeat
+(ABAB...), each repeat gives one paired ratio, and a figure reports their geometric mean with a
+t-interval (``ci``). A goal is PASS only when the whole interval clears it, FAIL when the whole interval
+misses it, and ``inconclusive`` otherwise (``passed`` is then None). Deterministic figures (memory,
+token counts) carry no interval and are judged on the value.
 """
 
 from __future__ import annotations
@@ -184,6 +190,50 @@ def available_memory_mb() -> float:
 
 # --------------------------------------------------------------------------------------------- figures
 GOAL_OPS = ("<=", ">=")
+CONFIDENCE = 0.95
+VERDICTS = ("PASS", "FAIL", "inconclusive", "info", "skipped")
+
+
+def paired_ratios(numerator_s: Sequence[float], denominator_s: Sequence[float]) -> list[float]:
+    """Per-repeat ratios of two interleaved timings (repeat i of one against repeat i of the other)."""
+    if len(numerator_s) != len(denominator_s):
+        raise ValueError(f"paired timings need as many repeats each, got {len(numerator_s)} and {len(denominator_s)}")
+    return [n / d for n, d in zip(numerator_s, denominator_s, strict=True)]
+
+
+def ratio_interval(samples: Sequence[float], confidence: float = CONFIDENCE) -> dict[str, Any]:
+    """Geometric mean of paired ratios and a Student-t interval on their logs (ratios are multiplicative).
+
+    Returns ``{"ratio", "ci", "n", "confidence"}``; ``ci`` is None with fewer than 2 samples.
+    """
+    if not samples or any(not (x > 0 and math.isfinite(x)) for x in samples):
+        raise ValueError(f"ratio samples must be positive and finite, got {list(samples)}")
+    logs = [math.log(x) for x in samples]
+    mean = statistics.fmean(logs)
+    out: dict[str, Any] = {"ratio": math.exp(mean), "ci": None, "n": len(logs), "confidence": confidence}
+    if len(logs) >= 2:
+        from scipy.stats import t
+
+        half = float(t.ppf(0.5 + confidence / 2, len(logs) - 1)) * statistics.stdev(logs) / math.sqrt(len(logs))
+        out["ci"] = [math.exp(mean - half), math.exp(mean + half)]
+    return out
+
+
+def verdict(goal: tuple[str, float] | None, ratio: float | None, ci: Sequence[float] | None,
+            noisy: bool) -> str:
+    """PASS / FAIL / inconclusive for a goal on a ratio: a noisy (timed) ratio is judged on its interval."""
+    if goal is None or ratio is None:
+        return "info"
+    op, target = goal
+    if not noisy:
+        lo = hi = ratio
+    elif ci is None:
+        return "inconclusive"  # one repeat: no interval to judge
+    else:
+        lo, hi = ci
+    if op == ">=":
+        return "PASS" if lo >= target else "FAIL" if hi < target else "inconclusive"
+    return "PASS" if hi <= target else "FAIL" if lo > target else "inconclusive"
 
 
 def figure(
@@ -200,15 +250,25 @@ def figure(
     details: dict[str, Any] | None = None,
     status: str = "ok",
     reason: str = "",
+    ratio_samples: Sequence[float] | None = None,
 ) -> dict[str, Any]:
-    """One row of the report. ``ratio`` defaults to ours/peer; ``goal`` is (op, value) on the ratio."""
+    """One row of the report. ``ratio`` defaults to ours/peer; ``goal`` is (op, value) on the ratio.
+
+    ``ratio_samples``: the per-repeat paired ratios of a timed comparison (see `paired_ratios`); the
+    ratio is then their geometric mean, with a confidence interval, and the goal is judged on it.
+    """
     if goal is not None and goal[0] not in GOAL_OPS:
         raise ValueError(f"goal operator {goal[0]!r} not allowed; use one of {GOAL_OPS}")
+    ci = None
+    details = dict(details or {})
+    if ratio_samples is not None and status == "ok":
+        interval = ratio_interval(ratio_samples)
+        ratio, ci = interval["ratio"], interval["ci"]
+        details.update(ratio_samples=list(ratio_samples), ci_confidence=interval["confidence"])
     if ratio is None and ours is not None and peer:
         ratio = ours / peer
-    passed: bool | None = None
-    if status == "ok" and goal is not None and ratio is not None:
-        passed = ratio <= goal[1] if goal[0] == "<=" else ratio >= goal[1]
+    result = verdict(goal, ratio, ci, noisy=ratio_samples is not None) if status == "ok" else "skipped"
+    passed = {"PASS": True, "FAIL": False}.get(result)
     return {
         "section": section,
         "name": name,
@@ -220,9 +280,11 @@ def figure(
         "ratio_def": ratio_def,
         "goal": None if goal is None else f"ratio {goal[0]} {goal[1]:g}",
         "passed": passed,
+        "verdict": result,
+        "ci": ci,
         "status": status,
         "reason": reason,
-        "details": details or {},
+        "details": details,
     }
 
 

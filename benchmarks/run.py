@@ -31,7 +31,7 @@ SECTIONS: dict[str, str] = {
     "gpu": "benchmarks.bench_gpu",
 }
 REPORT_JSON, REPORT_MD = "bench.json", "bench.md"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: figures carry "verdict" and "ci"
 
 
 def parse_sections(spec: str | None) -> list[str]:
@@ -89,19 +89,22 @@ def to_markdown(report: dict[str, Any]) -> str:
         f"torch {env.get('torch')}, transformers {env.get('transformers')}, {env.get('cpu_count')} CPUs "
         f"({env.get('torch_threads')} torch threads), CUDA: {env.get('gpu', 'no')}; "
         f"load average at start {tuple(round(x, 2) for x in env.get('loadavg', ()))}; "
-        f"total {report.get('total_wall_s', 0):.1f} s. Times are medians of repeats, warm-up excluded.",
+        f"total {report.get('total_wall_s', 0):.1f} s. Times are medians of repeats, warm-up excluded; ours and "
+        "the peer run interleaved (ABAB...), a timed ratio is the geometric mean of the per-repeat paired "
+        "ratios [95% t-interval], and a goal is PASS/FAIL only when the whole interval clears/misses it "
+        "(else inconclusive).",
         "",
         "| section | figure | unit | ours | peer | ratio | ratio is | goal | pass |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for f in report["figures"]:
-        if f["status"] != "ok":
-            verdict = f"skipped: {f['reason']}"
-        else:
-            verdict = {True: "PASS", False: "FAIL", None: "info"}[f["passed"]]
+        verdict = f"skipped: {f['reason']}" if f["status"] != "ok" else f.get("verdict", "info")
+        ratio = _fmt(f["ratio"])
+        if f.get("ci"):
+            ratio += f" [{_fmt(f['ci'][0])}, {_fmt(f['ci'][1])}]"
         lines.append(
             f"| {f['section']} | {f['name']} | {f['unit']} | {_fmt(f['ours'])} | {_fmt(f['peer'])} "
-            f"({f['peer_name'] or '-'}) | {_fmt(f['ratio'])} | {f['ratio_def'] or '-'} | {f['goal'] or '-'} "
+            f"({f['peer_name'] or '-'}) | {ratio} | {f['ratio_def'] or '-'} | {f['goal'] or '-'} "
             f"| {verdict} |"
         )
     lines += ["", "| section | status | wall s | error |", "|---|---|---|---|"]

@@ -5,16 +5,23 @@ Examples:
     python -m lmk.evaluate model=outputs/train/<run> pooling=mean eval=local   # cross-pooling
     python -m lmk.evaluate model=<exported sentence-transformers folder> eval=longembed6
     python -m lmk.evaluate model=null encoder=minilm-l6 pooling=lmk-fixed eval=local  # untrained
+    python -m lmk.evaluate model=BAAI/bge-base-en-v1.5 pooling=lmk-fixed eval=beir15  # any HF encoder
+    python -m lmk.evaluate model=... eval.device=cuda:1 eval.precision=fp32
 
 `model` may be a run dir (its export/, else checkpoints/last.ckpt), an exported folder, a
-save_pretrained folder, a .ckpt file, or null (the encoder config, untrained). A `pooling=` given on
-the command line overrides a trained model's pooling (same backbone, other tokenization + pooler).
+save_pretrained folder, a .ckpt file, null (the encoder config, untrained), or any Hugging Face
+encoder: a hub id or a local folder (transformers or sentence-transformers layout) without lmk
+metadata, evaluated with `pooling=` (zero-shot LMK on a published model, the paper's baselines). A
+`pooling=` given on the command line overrides a trained model's pooling (same backbone, other
+tokenization + pooler). The model runs on `eval.device` under an autocast of `eval.precision`.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import re
 import traceback
 from pathlib import Path
 from typing import Any
@@ -54,6 +61,58 @@ def _load_from_checkpoint(ckpt: Path, run_dir: Path) -> Any:
     return model
 
 
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+
+
+def _is_lmk_export(path: Path) -> bool:
+    """A sentence-transformers folder whose modules are lmk's own (vs a plain published model)."""
+    return "lmk.export" in (path / "modules.json").read_text()
+
+
+def _st_transformer_dir(path: Path) -> Path:
+    """The Transformer module's folder of a sentence-transformers layout (the root for most models)."""
+    for module in json.loads((path / "modules.json").read_text()):
+        if str(module.get("type", "")).endswith("Transformer"):
+            return path / module.get("path", "")
+    return path
+
+
+def _native_positions(config: Any) -> int:
+    n = getattr(config, "max_position_embeddings", None)
+    if n is None:
+        return 512
+    if getattr(config, "model_type", "") in ("roberta", "xlm-roberta", "camembert"):
+        n -= int(config.pad_token_id) + 1  # RoBERTa-style positions start after padding_idx
+    return int(n)
+
+
+def load_hf_encoder(ref: str, pooling_cfg: Any, seed: int = 0) -> Any:
+    """Any Hugging Face encoder (hub id or local folder, no lmk metadata) with `pooling_cfg` on top."""
+    from transformers import AutoConfig
+
+    from lmk.model import EmbeddingModel
+    from lmk.model_config import EncoderConfig
+
+    if pooling_cfg is None:
+        raise ValueError(f"model={ref!r} is a plain Hugging Face encoder: give pooling=<row> (e.g. lmk-fixed, mean)")
+    local = Path(ref).expanduser()
+    src = str(_st_transformer_dir(local) if (local / "modules.json").is_file() else local) if local.is_dir() else ref
+    try:
+        config = AutoConfig.from_pretrained(src)
+    except (OSError, ValueError) as err:
+        offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes")
+        why = "HF_HUB_OFFLINE=1 is set and it is not in the local cache" if offline else "the hub refused or failed"
+        raise OSError(
+            f"model={ref!r} is not a local folder, so it was looked up as a Hugging Face hub id: {why}. "
+            "Download it first (online, or into the cache), or give a local folder / training run dir. "
+            f"(cause: {type(err).__name__}: {err})"
+        ) from err
+    name = local.name if local.is_dir() else ref.replace("/", "--")
+    enc = EncoderConfig(name=f"hf-{name}", source="hub", model_id=src, max_positions=_native_positions(config),
+                        seed=seed)
+    return EmbeddingModel.build(enc, pooling_cfg, seed=seed)
+
+
 def load_model(ref: str | os.PathLike | None, encoder_cfg: Any = None, pooling_cfg: Any = None,
                seed: int = 0) -> tuple[Any, dict[str, Any]]:
     """The EmbeddingModel named by `ref` (see module doc) and a description for results.json."""
@@ -65,14 +124,17 @@ def load_model(ref: str | os.PathLike | None, encoder_cfg: Any = None, pooling_c
         return EmbeddingModel.build(encoder_cfg, pooling_cfg, seed=seed), {"kind": "encoder-config", "source": None}
     path = Path(ref).expanduser()
     if not path.exists():
+        if _HUB_ID.match(str(ref)):  # not a folder here: a hub id (org/name or name)
+            return load_hf_encoder(str(ref), pooling_cfg, seed), {"kind": "hf-encoder", "source": str(ref)}
         raise FileNotFoundError(
-            f"model={ref!r} does not exist; give a training run dir, an exported model folder, a .ckpt or null"
+            f"model={ref!r} does not exist; give a training run dir, an exported model folder, a .ckpt, "
+            "a Hugging Face encoder (hub id or folder) or null"
         )
     if path.is_file() and path.suffix == ".ckpt":
         return _load_from_checkpoint(path, path.parent.parent), {"kind": "checkpoint", "source": str(path)}
     if (path / "lmk_config.json").is_file():
         return EmbeddingModel.from_pretrained(path), {"kind": "pretrained", "source": str(path)}
-    if (path / "modules.json").is_file():
+    if (path / "modules.json").is_file() and _is_lmk_export(path):
         from lmk.export import load_exported
 
         return load_exported(path), {"kind": "export", "source": str(path)}
@@ -84,8 +146,12 @@ def load_model(ref: str | os.PathLike | None, encoder_cfg: Any = None, pooling_c
     last = path / "checkpoints" / "last.ckpt"
     if last.is_file():
         return _load_from_checkpoint(last, path), {"kind": "run-checkpoint", "source": str(last), "run_dir": str(path)}
+    if (path / "modules.json").is_file() or (path / "config.json").is_file():
+        # a published model (transformers or sentence-transformers folder) without lmk metadata
+        return load_hf_encoder(str(path), pooling_cfg, seed), {"kind": "hf-encoder", "source": str(path)}
     raise FileNotFoundError(
-        f"model={ref!r}: no lmk_config.json, modules.json (export), export/ or checkpoints/last.ckpt found"
+        f"model={ref!r}: no lmk_config.json, modules.json (export), export/, checkpoints/last.ckpt or config.json "
+        "(a Hugging Face encoder) found"
     )
 
 
@@ -103,7 +169,7 @@ def validate_config(cfg: DictConfig) -> None:
     """Check an evaluate config without loading anything (the row sweeper calls this per job)."""
     from lmk.config import ConfigError
     from lmk.model_config import EncoderConfig, PoolingConfig
-    from lmk.prefetch import preflight
+    from lmk.prefetch import is_hub_id, preflight
 
     checks = [("eval", EvalConfig.from_cfg), ("encoder", EncoderConfig.coerce), ("pooling", PoolingConfig.coerce)]
     for key, check in checks:
@@ -114,16 +180,19 @@ def validate_config(cfg: DictConfig) -> None:
         except (ValueError, TypeError) as err:  # one line on the console, not a traceback (ConfigError)
             raise ConfigError(str(err) if str(err).startswith(f"{key}.") else f"{key}: {err}") from err
     model = cfg.get("model")
-    if model not in (None, "", "null") and not Path(str(model)).expanduser().exists():
+    if model not in (None, "", "null") and not is_hub_id(model) and not Path(str(model)).expanduser().exists():
         raise FileNotFoundError(f"model={model!r} does not exist; give a training run dir, an exported model "
-                                "folder, a .ckpt or null")
+                                "folder, a .ckpt, a Hugging Face encoder (folder or hub id owner/name) or null")
     preflight(cfg)  # eval task names resolve (mteb's registry, offline), the hub mirror is set
 
 
 def run(cfg: DictConfig, run_dir: str | os.PathLike | None = None, cross_pooling: bool | None = None) -> dict[str, Any]:
     """Evaluate per `cfg` (the composed evaluate config); returns the eval section written to results.json."""
+    from lmk.device import resolve_device, resolve_precision
+
     validate_config(cfg)  # bad values, task names and paths fail here, before loading anything
     eval_cfg = EvalConfig.from_cfg(cfg.eval)
+    device = resolve_device(eval_cfg.device)  # so does a cuda request on a machine without CUDA
     from lmk.prefetch import check_available
 
     check_available(cfg)  # offline (HF_HUB_OFFLINE): every hub dataset / model is on disk, else name them
@@ -154,13 +223,17 @@ def run(cfg: DictConfig, run_dir: str | os.PathLike | None = None, cross_pooling
             model, info = load_model(cfg.get("model"), cfg.get("encoder"), cfg.get("pooling"), int(cfg.get("seed", 0)))
             if cross_pooling is None:
                 cross_pooling = _pooling_overridden()
-            if cfg.get("model") not in (None, "") and cross_pooling:
+            # a plain HF encoder was built with cfg.pooling already: nothing to swap
+            if cfg.get("model") not in (None, "") and cross_pooling and info["kind"] != "hf-encoder":
                 trained = model.pooling_cfg.label if model.pooling_cfg is not None else "?"
                 model = model.with_pooling(cfg.pooling)
                 log.info("cross-pooling: trained with %s, evaluating with %s", trained, model.pooling_cfg.label)
                 info["trained_pooling"] = trained
+            model = model.to(device)
             info.update(name=model.name, fingerprint=model.fingerprint(),
-                        pooling=model.pooling_cfg.label if model.pooling_cfg is not None else None)
+                        pooling=model.pooling_cfg.label if model.pooling_cfg is not None else None,
+                        device=str(device), precision=resolve_precision(eval_cfg.precision, device))
+            log.info("evaluating %s on %s (%s)", model.name, device, info["precision"])
         update_results(run_dir, model=info)
         cache_dir = cfg.get("cache_dir") or eval_cfg.cache_dir
         if not cache_dir:

@@ -14,7 +14,10 @@ import numpy as np
 import torch
 from transformers import AutoModel, AutoTokenizer, PreTrainedModel
 
+from lmk.batching import fixed_batches, token_budget_batches
+from lmk.device import autocast, resolve_precision
 from lmk.encoders import is_checkpointing, load_backbone, set_checkpointing, set_rope
+from lmk.long_attention import lean_attention
 from lmk.model_config import EncoderConfig, PoolingConfig
 from lmk.pooling import build_pooler
 from lmk.tokenization import LandmarkTokenizer
@@ -194,6 +197,18 @@ class EmbeddingModel(torch.nn.Module):
         hidden = self.token_embeddings(features)
         return self.pooler(hidden, features["attention_mask"], features.get("pool_mask"))
 
+    def token_lengths(self, texts: Sequence[str], side: str = "passage", max_length: int | None = None,
+                      window: int = 256) -> np.ndarray:
+        """Tokens per text after landmark insertion and truncation (what a batch of it pads to)."""
+        budget = self._max_length(side, max_length)
+        texts = list(texts)
+        out = np.zeros(len(texts), dtype=np.int64)
+        # windows of texts so the padded id tensors stay small (window x longest)
+        for start in range(0, len(texts), window):
+            mask = self.tokenizer(texts[start : start + window], train=False, max_length=budget)["attention_mask"]
+            out[start : start + len(mask)] = mask.sum(dim=1).numpy()
+        return out
+
     @torch.inference_mode()
     def encode(
         self,
@@ -202,14 +217,25 @@ class EmbeddingModel(torch.nn.Module):
         batch_size: int = 32,
         max_length: int | None = None,
         show_progress: bool = False,
+        *,
+        max_tokens_per_batch: int | None = None,
+        precision: str = "fp32",
     ) -> np.ndarray:
-        """float32 [N, H] embeddings in input order; batches are length-sorted to minimise padding."""
+        """float32 [N, H] embeddings in input order; batches are length-sorted to minimise padding.
+
+        max_tokens_per_batch: fill each batch up to this many tokens, padding counted (rows x longest
+        row), instead of `batch_size` rows; a text longer than the budget goes alone. precision:
+        auto|bf16|fp16|fp32 autocast of the backbone on the model's device (auto: bf16 on GPUs, fp32 on
+        CPU); the weights are not cast and pooling runs in float32.
+        """
         if isinstance(texts, str):
             raise TypeError("encode() takes a list of texts; wrap a single text as [text]")
         texts = list(texts)
-        if not isinstance(batch_size, int) or batch_size < 1:
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size={batch_size!r} must be a positive int")
         budget = self._max_length(side, max_length)
+        device = self.device
+        precision = resolve_precision(precision, device, key="precision")
         self.truncation_count = 0
         n = len(texts)
         out = np.empty((n, self.hidden_size), dtype=np.float32)
@@ -218,24 +244,25 @@ class EmbeddingModel(torch.nn.Module):
         for i, t in enumerate(texts):
             if not isinstance(t, str):
                 raise ValueError(f"texts[{i}] is {type(t).__name__}; every text must be a str")
-        # character length is a cheap proxy for token count (one extra tokenizer pass would cost more
-        # than the padding it saves); longest first so a memory error shows up at once
-        order = np.argsort([-len(t) for t in texts], kind="stable")
-        device = self.device
+        if max_tokens_per_batch is not None:
+            batches = token_budget_batches(self.token_lengths(texts, side, budget), max_tokens_per_batch)
+        else:
+            # character length is a cheap proxy for token count (one extra tokenizer pass would cost more
+            # than the padding it saves)
+            batches = fixed_batches([len(t) for t in texts], batch_size)
         was_training = self.training
         self.eval()
         try:
-            starts = range(0, n, batch_size)
+            it: Any = batches
             if show_progress:
                 from tqdm.auto import tqdm
 
-                starts = tqdm(starts, desc=f"encode {side}", unit="batch")
-            for start in starts:
-                idx = order[start : start + batch_size]
+                it = tqdm(batches, desc=f"encode {side}", unit="batch")
+            for idx in it:
                 feats = self.tokenizer([texts[i] for i in idx], train=False, max_length=budget)
                 self.truncation_count += int((feats["attention_mask"].sum(dim=1) >= budget).sum())
                 feats = {k: v.to(device, non_blocking=True) for k, v in feats.items()}
-                out[idx] = self(feats).float().cpu().numpy()
+                out[idx] = self._embed(feats, precision).cpu().numpy()
         finally:
             self.train(was_training)
         if self.truncation_count:
@@ -243,6 +270,18 @@ class EmbeddingModel(torch.nn.Module):
                 "%s: %d/%d %s texts reached max_length=%d (truncated)", self.name, self.truncation_count, n, side, budget
             )
         return out
+
+    def _embed(self, feats: dict[str, torch.Tensor], precision: str) -> torch.Tensor:
+        """Inference forward of one tokenized batch -> float32 [B, H] embeddings."""
+        inputs = {k: feats[k] for k in _BACKBONE_KEYS if k in feats}
+        if inputs["input_ids"].shape[0] == 1 and bool(feats["attention_mask"].all()):
+            # one unpadded row needs no mask: transformers then builds no [T, T] mask, and lean_attention
+            # keeps ModernBERT's sliding-window layers free of one too (32k tokens fit in a few GB)
+            inputs.pop("attention_mask", None)
+        with autocast(self.device, precision), lean_attention(self.backbone):
+            hidden = self.backbone(**inputs).last_hidden_state
+        # pool and normalise in float32 whatever the autocast dtype
+        return self.pooler(hidden.float(), feats["attention_mask"], feats.get("pool_mask")).float()
 
     # ------------------------------------------------------------------------------ persistence
     def lmk_config(self) -> dict[str, Any]:

@@ -178,8 +178,11 @@ def required_artifacts(cfg: Any) -> list[Artifact]:
     """Everything a job with composed config `cfg` (lmk.train or lmk.evaluate) loads from the hub, deduplicated
     by (kind, repo id, config): the encoder's weights and tokenizer, training data, eval task datasets."""
     found: list[Artifact] = []
+    model = _get(cfg, "model", None)
     if not _evaluates_a_saved_model(cfg):
         found += encoder_artifacts(_get(cfg, "encoder"))
+    elif is_hub_id(model):  # lmk.evaluate model=<hub id>: a published encoder as a baseline
+        found.append(Artifact("model", str(model), None, what="model (a published encoder)"))
     found += data_artifacts(_get(cfg, "data"))
     eval_cfg = _get(cfg, "eval")
     if eval_cfg is not None and _get(cfg, "train") is not None:

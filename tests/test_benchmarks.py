@@ -21,7 +21,7 @@ from benchmarks.bench_tokenization import compare_features, python_landmark_base
 from benchmarks.run import SECTIONS, main, parse_sections, run_benchmarks, to_markdown, write_report  # noqa: E402
 
 FIGURE_KEYS = {"section", "name", "unit", "ours", "peer", "peer_name", "ratio", "ratio_def", "goal", "passed",
-               "status", "reason", "details"}
+               "verdict", "ci", "status", "reason", "details"}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -126,9 +126,22 @@ def test_long_inputs_section(report):
 def test_attention_estimate_and_bad_impl():
     from benchmarks.bench_long_inputs import estimate_attention_mb, set_attention
 
-    assert estimate_attention_mb(32768, 4, "eager") > estimate_attention_mb(32768, 4, "sdpa") > 1000
+    # a lone 32k document under SDPA needs no T x T buffer any more (lmk.long_attention): linear in T
+    assert estimate_attention_mb(32768, 4, "eager") > 10_000 > 1000 > estimate_attention_mb(32768, 4, "sdpa")
+    assert estimate_attention_mb(32768, 4, "sdpa") == pytest.approx(2 * estimate_attention_mb(16384, 4, "sdpa"))
     with pytest.raises(ValueError, match="allowed: sdpa, eager"):
         set_attention(None, "flash")
+
+
+def test_token_budget_vs_fixed_batches(report):
+    f = _fig(report, "long_inputs", "token_budget_vs_fixed_batches_128")
+    d = f["details"]
+    assert d["max_abs_diff"] <= 1e-5  # batching never changes an embedding
+    assert d["ours_max_batch_tokens"] <= d["max_tokens_per_batch"] < d["peer_max_batch_tokens"]
+    assert d["real_tokens"] <= d["ours_padded_tokens"] and d["ours_batches"] > d["peer_batches"]
+    assert len(d["ratio_samples"]) == len(d["ours_times_s"]) == 2 and f["ci"] is not None
+    assert f["ci"][0] <= f["ratio"] <= f["ci"][1] and f["verdict"] in ("PASS", "FAIL", "inconclusive")
+    _fig(report, "long_inputs", "token_budget_vs_fixed_batches_memory_128")
 
 
 # --------------------------------------------------------------------------------- roofline / gpu
@@ -148,8 +161,9 @@ def test_gpu_section_skipped_without_cuda(report):
     if torch.cuda.is_available():
         assert all(f["status"] == "ok" for f in gpu)
     else:
-        assert [f["status"] for f in gpu] == ["skipped"]
-        assert "CUDA" in gpu[0]["reason"] and gpu[0]["passed"] is None
+        assert [f["status"] for f in gpu] == ["skipped", "skipped"]
+        assert all("CUDA" in f["reason"] and f["passed"] is None and f["verdict"] == "skipped" for f in gpu)
+        assert any(f["name"].startswith("token_budget_vs_fixed_batches") for f in gpu)
 
 
 # ------------------------------------------------------------------------------------------ report
@@ -194,6 +208,47 @@ def test_bad_arguments_name_the_allowed_values():
 
 
 # ------------------------------------------------------------------------------------------ helpers
+def test_timed_figures_carry_paired_ratios(report):
+    timed = [f for f in report["figures"] if f["status"] == "ok" and f["unit"] in ("s", "texts/s", "samples/s")
+             and f["goal"] is not None]
+    assert {f["name"] for f in timed} >= {"mean_vs_sentence_transformers", "lightning_vs_raw_loop"}
+    for f in timed:
+        samples = f["details"]["ratio_samples"]
+        assert samples and all(x > 0 for x in samples), f["name"]
+        assert f["ratio"] == pytest.approx(math.exp(sum(map(math.log, samples)) / len(samples)))
+        # one repeat gives no interval, and no interval means no verdict
+        assert (f["ci"] is None) == (len(samples) < 2) and (f["ci"] is not None or f["verdict"] == "inconclusive")
+
+
+def test_ratio_interval_and_verdicts():
+    tight = common.ratio_interval([1.10, 1.11, 1.09, 1.10, 1.12])
+    assert tight["n"] == 5 and tight["ci"][0] < tight["ratio"] < tight["ci"][1]
+    assert 1.0 < tight["ci"][0] and tight["ci"][1] < 1.2
+    wide = common.ratio_interval([0.9, 1.2, 0.95, 1.15])
+    assert wide["ci"][0] < 1.0 < wide["ci"][1]
+    assert common.ratio_interval([1.3])["ci"] is None
+    with pytest.raises(ValueError, match="positive and finite"):
+        common.ratio_interval([1.0, 0.0])
+    with pytest.raises(ValueError, match="as many repeats"):
+        common.paired_ratios([1.0, 2.0], [1.0])
+    assert common.paired_ratios([2.0, 3.0], [1.0, 6.0]) == [2.0, 0.5]
+    v = common.verdict
+    assert v((">=", 1.0), 1.1, tight["ci"], noisy=True) == "PASS"
+    assert v(("<=", 1.0), 1.1, tight["ci"], noisy=True) == "FAIL"
+    assert v((">=", 1.0), 1.04, wide["ci"], noisy=True) == "inconclusive"  # the point passes, the interval does not
+    assert v(("<=", 1.0), 0.9, None, noisy=True) == "inconclusive"
+    assert v(("<=", 1.0), 0.9, None, noisy=False) == "PASS"  # deterministic figures: judged on the value
+    assert v(None, 0.9, None, noisy=False) == "info"
+    f = common.figure("s", "n", unit="s", ours=1.0, peer=1.0, peer_name="p", ratio_def="ours_s / peer_s",
+                      goal=(">=", 1.0), ratio_samples=[0.9, 1.2, 0.95, 1.15])
+    assert f["verdict"] == "inconclusive" and f["passed"] is None and f["ci"] == pytest.approx(wide["ci"])
+    assert f["ratio"] == pytest.approx(wide["ratio"]) and f["details"]["ratio_samples"] == [0.9, 1.2, 0.95, 1.15]
+    from benchmarks.run import to_markdown as md
+
+    text = md({"size": "tiny", "env": {}, "figures": [f], "sections": {}})
+    assert f"[{f['ci'][0]:.3g}, {f['ci'][1]:.3g}]" in text and "| inconclusive |" in text
+
+
 def test_figure_ratio_and_goal():
     f = common.figure("s", "n", unit="s", ours=2.0, peer=4.0, peer_name="p", ratio_def="ours/peer", goal=("<=", 1.0))
     assert f["ratio"] == 0.5 and f["passed"] is True

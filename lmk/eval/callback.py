@@ -1,7 +1,9 @@
 """Lightning callback: the eval suite during training (every N steps) and at the end of fit.
 
 Rank 0 evaluates (the other ranks wait at a barrier); the model is put in eval mode and its train
-mode restored. Every score goes to the trainer's loggers (eval/<task>, eval/<task>/<split>,
+mode restored. It evaluates where it trains: on the trainer's device (never moved, so training goes
+on where it was), under an autocast of `eval.precision` (auto: bf16 on GPUs, fp32 on CPU), since
+Lightning's own autocast covers only the training step. Every score goes to the trainer's loggers (eval/<task>, eval/<task>/<split>,
 eval/group/<group>: one W&B panel per task and per length) and into the run's results.json
 (`eval` for the fit-end suite, `eval_history.<step>` for mid-training evals) via
 `lmk.results.update_results`, so nothing already written is lost.
@@ -26,6 +28,18 @@ def _embedding_model(pl_module: Any) -> Any:
     # ContrastiveModule keeps the EmbeddingModel as `.model`; a bare EmbeddingModel also works.
     model = getattr(pl_module, "model", None)
     return model if model is not None and hasattr(model, "encode") else pl_module
+
+
+def _check_device(spec: str, device: Any) -> None:
+    """eval.device is for `lmk.evaluate`; during a fit the trainer's device is used (say so if they differ)."""
+    import torch
+
+    if spec == "auto":
+        return
+    want, have = torch.device(spec), torch.device(device)
+    if want.type != have.type or (want.index is not None and want.index != have.index):
+        log.warning("eval.device=%s is ignored during training: the eval suite runs on the trainer's device %s "
+                    "(moving the model would leave it away from the trainer)", spec, have)
 
 
 class EvalCallback(pl.Callback):
@@ -59,6 +73,7 @@ class EvalCallback(pl.Callback):
             from lmk.eval.runner import run_suite
 
             model = _embedding_model(pl_module)
+            _check_device(self.cfg.device, pl_module.device)
             log.info("eval suite %s at step %d%s", self.cfg.name, step, " (fit end)" if final else "")
             section = run_suite(
                 model,

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from lmk.device import check_device, check_precision
 from lmk.schema import Coercible
 
 # The regenerated LongEmbed lengths (lmk.data.longembed.LENGTHS); repeated here so the schema does
@@ -40,6 +41,12 @@ class EvalConfig(Coercible):
     query_max_length: int = 512
     passage_max_length: int = 512
     batch_size: int = 32
+    # Tokens per encode batch, padding counted (rows x longest row); null: batch_size rows per batch.
+    max_tokens_per_batch: int | None = 32768
+    # auto|cpu|cuda|cuda:N (auto: cuda when available) and auto|bf16|fp16|fp32 (auto: bf16 on GPUs, fp32 on
+    # CPU). The fit-end eval uses the trainer's device; precision is an autocast, the weights are not cast.
+    device: str = "auto"
+    precision: str = "auto"
     # Callback schedule: every N optimizer steps (None = only at fit end) and at the end of fit.
     every_n_steps: int | None = None
     at_fit_end: bool = True
@@ -73,6 +80,17 @@ class EvalConfig(Coercible):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise EvalConfigError(f"eval.{key}={value!r}: must be a positive integer")
+        if self.max_tokens_per_batch is not None and (
+            isinstance(self.max_tokens_per_batch, bool) or not isinstance(self.max_tokens_per_batch, int)
+            or self.max_tokens_per_batch < 1
+        ):
+            raise EvalConfigError(f"eval.max_tokens_per_batch={self.max_tokens_per_batch!r}: must be a positive "
+                                  "integer (tokens per batch, padding counted) or null (eval.batch_size rows)")
+        try:
+            check_device(self.device, "eval.device")
+            check_precision(self.precision, "eval.precision")
+        except ValueError as err:
+            raise EvalConfigError(str(err)) from None
         if self.short_n_docs is not None and (isinstance(self.short_n_docs, bool) or not isinstance(
                 self.short_n_docs, int) or self.short_n_docs < self.short_n_queries):
             raise EvalConfigError(f"eval.short_n_docs={self.short_n_docs!r}: must be null or an integer "

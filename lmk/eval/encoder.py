@@ -3,10 +3,13 @@
 mteb hands `encode` a DataLoader of dicts (`batch["text"]`) plus the prompt type; queries go to the
 "query" side and documents to the "passage" side, each with its own max length (8192 for the
 long-context suites). The landmark tokenization of the configured pooling applies to both sides
-(eval mode: fixed chunk size), and `EmbeddingModel.encode` sorts texts by length into batches.
+(eval mode: fixed chunk size), and `EmbeddingModel.encode` sorts texts by length into batches of at
+most `max_tokens_per_batch` tokens (padding counted; null: `batch_size` rows), under an autocast of
+`precision` on the model's device (the caller puts the model there).
 
 The ModelMeta name carries model, pooling (with chunk size) and the weights fingerprint, and the
-experiment kwargs carry the per-side max lengths: two variants never share an mteb cache entry.
+experiment kwargs carry the per-side max lengths (and a precision other than fp32): two variants never
+share an mteb cache entry. Batching is not part of the identity: it does not change the embeddings.
 """
 
 from __future__ import annotations
@@ -46,15 +49,25 @@ class LmkEncoder(AbsEncoder):
         batch_size: int = 32,
         show_progress: bool = False,
         tag: str | None = None,
+        max_tokens_per_batch: int | None = None,
+        precision: str = "fp32",
     ) -> None:
-        for key, value in (("query_max_length", query_max_length), ("passage_max_length", passage_max_length),
-                           ("batch_size", batch_size)):
+        from lmk.device import resolve_precision
+
+        checks = [("query_max_length", query_max_length), ("passage_max_length", passage_max_length),
+                  ("batch_size", batch_size)]
+        if max_tokens_per_batch is not None:  # None: batch_size rows per batch
+            checks.append(("max_tokens_per_batch", max_tokens_per_batch))
+        for key, value in checks:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{key}={value!r}: must be a positive integer")
         self.model = model
         self.query_max_length = query_max_length
         self.passage_max_length = passage_max_length
         self.batch_size = batch_size
+        self.max_tokens_per_batch = max_tokens_per_batch
+        # resolved against the model's device now, so the cache identity names the real precision
+        self.precision = resolve_precision(precision, getattr(model, "device", "cpu"))
         self.show_progress = show_progress
         self.fingerprint = model.fingerprint()
         # Counters (tests and logs): encode calls, texts encoded, texts truncated to the max length.
@@ -69,6 +82,8 @@ class LmkEncoder(AbsEncoder):
         encoder = m.encoder_cfg.name if getattr(m, "encoder_cfg", None) is not None else m.name.split("__")[0]
         n_params = sum(p.numel() for p in m.parameters()) if hasattr(m, "parameters") else None
         experiment: dict[str, Any] = {"qlen": self.query_max_length, "plen": self.passage_max_length}
+        if self.precision != "fp32":
+            experiment["precision"] = self.precision  # bf16 embeddings differ (slightly) from fp32 ones
         if tag:
             experiment["tag"] = _safe(tag)
         return ModelMeta(
@@ -121,7 +136,8 @@ class LmkEncoder(AbsEncoder):
         max_length = self.max_length(prompt_type)
         start = time.perf_counter()
         emb = self.model.encode(
-            texts, side=side, batch_size=self.batch_size, max_length=max_length, show_progress=self.show_progress
+            texts, side=side, batch_size=self.batch_size, max_length=max_length, show_progress=self.show_progress,
+            max_tokens_per_batch=self.max_tokens_per_batch, precision=self.precision,
         )
         elapsed = max(time.perf_counter() - start, 1e-9)
         truncated = int(getattr(self.model, "truncation_count", 0))
@@ -129,8 +145,8 @@ class LmkEncoder(AbsEncoder):
         self.n_texts += len(texts)
         self.n_truncated += truncated
         logger.info(
-            "eval %s [%s/%s] %s: %d texts in %.1fs (%.1f docs/s), %d reached max_length=%d (truncated)",
+            "eval %s [%s/%s] %s: %d texts in %.1fs (%.1f docs/s, %s), %d reached max_length=%d (truncated)",
             task_metadata.name, hf_split, hf_subset, side, len(texts), elapsed, len(texts) / elapsed,
-            truncated, min(max_length, int(self.model.max_positions)),
+            self.precision, truncated, min(max_length, int(self.model.max_positions)),
         )
         return np.asarray(emb, dtype=np.float32)

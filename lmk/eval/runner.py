@@ -229,8 +229,11 @@ def run_suite(
     task_list = list(tasks) if tasks is not None else build_tasks(cfg)
     cache_dir = Path(cache_dir)
     out_dir = Path(out_dir) if out_dir is not None else cache_dir.parent
+    # the model is already where it runs (lmk.evaluate / the callback put it there); precision "auto"
+    # resolves against that device
     encoder = LmkEncoder(model, cfg.query_max_length, cfg.passage_max_length, cfg.batch_size,
-                         show_progress=cfg.show_progress, tag=tag)
+                         show_progress=cfg.show_progress, tag=tag, max_tokens_per_batch=cfg.max_tokens_per_batch,
+                         precision=cfg.precision)
     meta = encoder.mteb_model_meta
     cache = mteb.ResultCache(cache_path=cache_dir)
     store = cache_dir / "per_query" / meta.model_name_as_path() / str(meta.revision) / (meta.experiment_name or "")
@@ -278,6 +281,7 @@ def run_suite(
     for group, value in section["groups"].items():
         log.info("eval group %s: %s", group, "n/a" if value is None else f"{value:.4f}")
     section.update(model=meta.name, fingerprint=encoder.fingerprint, query_max_length=cfg.query_max_length,
+                   device=str(getattr(model, "device", "cpu")), precision=encoder.precision,
                    passage_max_length=cfg.passage_max_length, n_truncated=encoder.n_truncated,
                    n_encoded=encoder.n_texts, timings=timings)
     if per_query_file:
