@@ -344,3 +344,23 @@ def _cross_checks(root: RootConfig) -> None:
     if root.train.grad_cache and t.accumulate_grad_batches != 1:
         raise ConfigError("train.grad_cache=true with trainer.accumulate_grad_batches>1: grad cache already "
                           "reaches large batches; set trainer.accumulate_grad_batches=1")
+    _check_monitor(root.train.monitor, root.eval)
+
+
+def _check_monitor(monitor: str, eval_cfg: Any) -> None:
+    """An `eval/...` monitor needs an evaluation that logs it: else no best.ckpt is ever written."""
+    if not monitor.startswith("eval/"):
+        return
+    get = (lambda k, d: eval_cfg.get(k, d)) if isinstance(eval_cfg, Mapping) else (
+        lambda k, d: getattr(eval_cfg, k, d))
+    tasks = list(get("tasks", None) or []) if eval_cfg is not None else []
+    groups = dict(get("groups", None) or {}) if eval_cfg is not None else {}
+    runs = eval_cfg is not None and (get("every_n_steps", None) is not None or get("at_fit_end", True))
+    if not tasks or not runs:
+        raise ConfigError(f"train.monitor={monitor!r} is an eval metric but no evaluation runs during training "
+                          "(eval=none or no eval.every_n_steps/at_fit_end): set eval=<suite> (e.g. eval=local) "
+                          "or train.monitor=train/loss train.monitor_mode=min")
+    logged = [f"eval/group/{g}" for g in groups] + [f"eval/{t}" for t in tasks]
+    if monitor not in logged and not any(monitor.startswith(f"eval/{t}/") for t in tasks):
+        raise ConfigError(f"train.monitor={monitor!r} is not logged by eval={get('name', '?')}; "
+                          f"allowed values: {', '.join(logged)} (or eval/<task>/<split>), or train/loss")

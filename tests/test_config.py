@@ -81,3 +81,13 @@ def test_launcher_feeds_submitit():
     assert cfg.hydra.launcher.nodes == 2 and cfg.hydra.launcher.partition == "gpu"
     assert "submitit" in cfg.hydra.launcher._target_
     assert cfg.trainer.num_nodes == 2 and cfg.trainer.devices == cfg.launcher.gpus_per_node
+
+
+def test_eval_monitor_without_eval_is_rejected_before_compute():
+    # eval=none never logs eval/...: the run would write no best.ckpt and still report done.
+    with pytest.raises(ConfigError, match=r"train.monitor='eval/group/local-short'.*eval=<suite>.*train/loss"):
+        validate(_compose("eval=none", "train.monitor=eval/group/local-short"))
+    with pytest.raises(ConfigError, match=r"not logged by eval=local.*eval/group/local-short"):
+        validate(_compose("eval=local", "train.monitor=eval/group/no-such-group"))
+    assert validate(_compose("eval=local", "train.monitor=eval/group/local-short")).train.monitor.endswith("short")
+    assert validate(_compose("eval=local", "train.monitor=eval/LocalShort/test")).eval is not None
