@@ -16,6 +16,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from lmk.files import follow_umask
+
 RESULTS_FILE = "results.json"
 
 
@@ -52,6 +54,7 @@ def update_results(run_dir: str | os.PathLike, *, fresh: bool = False, **section
     fd, tmp = tempfile.mkstemp(dir=run_dir, prefix=".results.", suffix=".json")
     with os.fdopen(fd, "w") as fh:
         json.dump(merged, fh, indent=2, sort_keys=True, default=str)
+    follow_umask(tmp)  # mkstemp makes it 0600
     os.replace(tmp, run_dir / RESULTS_FILE)
     return merged
 

@@ -39,6 +39,7 @@ import datasets
 import numpy as np
 
 from lmk.data.retrieval import RetrievalCorpus
+from lmk.files import follow_umask
 
 log = logging.getLogger(__name__)
 
@@ -297,6 +298,7 @@ def ensure_offline_pairs(
     folder.parent.mkdir(parents=True, exist_ok=True)
     # Write into a temp folder and rename: an interrupted build never looks like a valid cache.
     tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{fp}."))
+    follow_umask(tmp, directory=True)  # mkdtemp makes it 0700
     files = {}
     for split, rows in records.items():
         path = tmp / f"{split}.jsonl"
