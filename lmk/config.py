@@ -120,7 +120,11 @@ class LoggerSection:
     notes: str | None = None
     mode: Literal["auto", "online", "offline", "disabled"] = "auto"  # auto: offline without credentials
     log_model: bool = False
+    init_timeout: float = 10.0  # seconds W&B may take to reach its server before the run goes offline
     csv: bool = True  # also write <run_dir>/metrics.csv (always on for wandb: results never only in W&B)
+
+    def __post_init__(self) -> None:
+        _positive("logger.init_timeout", self.init_timeout)
 
 
 @dataclass
@@ -150,6 +154,7 @@ class RootConfig:
     seed: int = 0
     run_dir: str = "outputs/run"
     ckpt_path: str | None = None  # null | last | a checkpoint path
+    overwrite: bool = False  # start a finished run folder over (else only ckpt_path=last reuses it)
     name: str = "train"
     row: str | None = None  # the table row id the row sweeper sets (`++row=...`)
     encoder: Any = None

@@ -110,7 +110,7 @@ HASH_LOCATION_KEYS = ("hydra", "run_dir", "ckpt_path", "paths", "cache_dir")
 # Keys that say where or how a run is stored/logged, not what it computes: two runs that differ only
 # in these produce the same numbers, so they share a config hash. (A value interpolated *from* the
 # launcher, e.g. trainer.num_nodes, does change the global batch, so it is resolved and hashed.)
-HASH_IGNORED_KEYS = (*HASH_LOCATION_KEYS, "logger", "launcher")
+HASH_IGNORED_KEYS = (*HASH_LOCATION_KEYS, "logger", "launcher", "overwrite")
 # The status a finished run records; the sweeper skips rows whose results say this.
 STATUS_DONE = "done"
 
