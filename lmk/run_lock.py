@@ -22,6 +22,7 @@ import os
 import socket
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -117,7 +118,9 @@ def acquire(run_dir: str | os.PathLike) -> Path:
                 raise RunFolderBusy(_busy_message(run_dir, owner)) from None
             # Stale: re-read just before removing so a lock retaken meanwhile is not deleted.
             if _read(path) == owner:
-                log.warning("removing the stale lock %s of pid %s (no longer running)", path, owner.get("pid"))
+                # a warning, not a log line: Hydra has not configured logging yet when its callback claims
+                warnings.warn(f"removing the stale lock {path} of pid {owner.get('pid')} (no longer running)",
+                              stacklevel=2)
                 path.unlink(missing_ok=True)
             continue
         with os.fdopen(fd, "w") as fh:
