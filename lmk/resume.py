@@ -81,6 +81,10 @@ class ExactResume(pl.Callback):
         self.run_dir = Path(run_dir)
         self._pending: dict[str, Any] | None = None
 
+    @property
+    def state_key(self) -> str:
+        return "ExactResume"  # fixed, not the class name: a subclass still restores the state
+
     def state_dict(self) -> dict[str, Any]:
         return {"rng": _rng_states()}
 

@@ -378,7 +378,7 @@ class PairDataModule(L.LightningDataModule):
     def rank_and_world(self) -> tuple[int, int]:
         if self._world_size is not None:
             return int(self._rank or 0), int(self._world_size)
-        trainer = getattr(self, "_trainer", None)
+        trainer = self.trainer
         if trainer is not None:
             return int(trainer.global_rank), int(trainer.world_size)
         if torch.distributed.is_available() and torch.distributed.is_initialized():
@@ -467,7 +467,7 @@ class PairDataModule(L.LightningDataModule):
         The collator/tokenizer need no state: every group and chunk-size draw is seeded from the batch's
         sample keys, so the same keys give the same batch after a resume."""
         state: dict[str, Any] = {"fingerprint": self.fingerprint}
-        trainer = getattr(self, "_trainer", None)
+        trainer = self.trainer
         if trainer is not None and self._sampler is not None:
             # Batches training has taken from this epoch (the one being checkpointed included).
             batches = trainer.fit_loop.epoch_loop.batch_progress.current.ready
