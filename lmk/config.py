@@ -120,7 +120,7 @@ class LoggerSection:
     notes: str | None = None
     mode: Literal["auto", "online", "offline", "disabled"] = "auto"  # auto: offline without credentials
     log_model: bool = False
-    init_timeout: float = 10.0  # seconds W&B may take to reach its server before the run goes offline
+    init_timeout: float = 5.0  # seconds W&B may take to reach its server before the run goes offline
     csv: bool = True  # also write <run_dir>/metrics.csv (always on for wandb: results never only in W&B)
 
     def __post_init__(self) -> None:

@@ -182,7 +182,8 @@ def _build_wandb(logger_cfg: Any, run_dir: Path, cfg: Any, resume: bool = False)
     run_dir.mkdir(parents=True, exist_ok=True)
     id_file = run_dir / WANDB_ID_FILE
     # One W&B run per run folder: a resumed run continues it; a fresh one gets a new id (kept for its resume).
-    run_id = id_file.read_text().strip() if resume and id_file.is_file() else uuid.uuid4().hex[:8]
+    resume = resume and id_file.is_file()
+    run_id = id_file.read_text().strip() if resume else uuid.uuid4().hex[:8]
     kwargs: dict[str, Any] = {
         "project": _get(logger_cfg, "project", "lmk"),
         "entity": _get(logger_cfg, "entity"),
@@ -194,9 +195,9 @@ def _build_wandb(logger_cfg: Any, run_dir: Path, cfg: Any, resume: bool = False)
         "log_model": bool(_get(logger_cfg, "log_model", False)),
         "reinit": "finish_previous",  # a multirun job never appends to the previous job's run
         "id": run_id,
-        "resume": "allow",
+        "resume": "allow" if resume else None,  # asking the server for a resume status costs a round trip
         # An unreachable server would stall init for ~100 s: bound it, then fall back to offline below.
-        "settings": wandb.Settings(init_timeout=float(_get(logger_cfg, "init_timeout", 10.0))),
+        "settings": wandb.Settings(init_timeout=float(_get(logger_cfg, "init_timeout", 5.0))),
     }
     if mode is not None:
         kwargs["mode"] = mode
@@ -212,7 +213,8 @@ def _build_wandb(logger_cfg: Any, run_dir: Path, cfg: Any, resume: bool = False)
                       stacklevel=2)
         try:
             wandb.finish(exit_code=1)  # drop the half-started online run, if any
-            logger = _start_wandb({**kwargs, "mode": "offline"})
+            run_id = uuid.uuid4().hex[:8]  # the service still holds the failed online run's id
+            logger = _start_wandb({**kwargs, "mode": "offline", "id": run_id})
         except Exception as err2:  # noqa: BLE001
             warnings.warn(f"W&B offline init failed too ({type(err2).__name__}: {err2}); continuing with the CSV "
                           "log only", stacklevel=2)

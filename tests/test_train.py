@@ -149,3 +149,21 @@ def test_cli_ddp_two_cpu_processes(tmp_path, pairs):
                "trainer.precision=32-true", "trainer.deterministic=true", "trainer.max_steps=2")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert results(run_dir)["status"] == "done" and results(run_dir)["metrics"]["global_step"] == 2
+
+
+def test_unreachable_wandb_server_falls_back_to_offline(tmp_path, pairs, monkeypatch):
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.setenv("WANDB_BASE_URL", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("WANDB_API_KEY", "x" * 40)  # credentials present: mode auto -> online
+    run_dir = tmp_path / "wb"
+    with pytest.warns(UserWarning, match="logging offline instead"):
+        in_process(run_dir, pairs, "logger=wandb", "logger.init_timeout=2", "trainer.max_steps=1")
+    res = results(run_dir)
+    assert res["status"] == "done" and res["wandb"]["mode"] == "offline"
+    assert Path(res["wandb"]["dir"]).is_dir() and res["wandb"]["dir"].startswith(str(run_dir / "wandb" / "offline-run-"))
+    assert glob.glob(str(Path(res["wandb"]["dir"]) / "run-*.wandb"))
