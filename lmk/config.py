@@ -8,6 +8,7 @@ naming the key, the bad value and the allowed values or keys. Nothing here impor
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import types
@@ -321,6 +322,27 @@ def to_container(cfg: Any) -> dict[str, Any]:
         except Exception as err:  # an interpolation / missing value: name it
             raise ConfigError(f"config does not resolve: {err}") from err
     return dict(cfg)
+
+
+SEEDED_PARTS = ("encoder", "data")  # `<part>.seed: null` = the root seed
+
+
+def derive_seeds(cfg: Any) -> Any:
+    """A copy of `cfg` whose null per-part seeds (encoder.seed: random init, data.seed: data order, negatives
+    and variable chunk draws) are the root `seed`. The root seed also seeds dropout (seed_everything).
+
+    One `seed` key then varies every random stream; a part's own seed, when set, overrides it. The
+    config hash is taken before this (nulls hashed as such), so a sweep and its jobs agree on it.
+    """
+    from omegaconf import OmegaConf, open_dict
+
+    out = copy.deepcopy(cfg)
+    seed = OmegaConf.select(out, "seed", default=0)
+    with open_dict(out):
+        for part in SEEDED_PARTS:
+            if OmegaConf.select(out, part) is not None and OmegaConf.select(out, f"{part}.seed") is None:
+                out[part]["seed"] = seed
+    return out
 
 
 def validate(cfg: Any) -> RootConfig:

@@ -51,7 +51,7 @@ class EncoderConfig(Coercible):
     revision: str | None = None
     dtype: str = "float32"
     gradient_checkpointing: bool = False
-    seed: int = 0
+    seed: int | None = 0  # random init; null in a config: the root `seed` (lmk.config.derive_seeds)
     _target_: str | None = None
 
     def __post_init__(self) -> None:

@@ -22,7 +22,7 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from lmk.config import RootConfig, to_container, validate
+from lmk.config import RootConfig, derive_seeds, to_container, validate
 from lmk.results import Timer, config_hash_of, git_commit, update_results
 
 log = logging.getLogger(__name__)
@@ -127,6 +127,8 @@ def run(cfg: DictConfig) -> float | None:
     """Train one run from a composed config; returns the optimised metric (`train.monitor`)."""
     typed = validate(cfg)  # fails in about a second, before torch / the model load
     run_dir = Path(typed.run_dir)
+    digest = config_hash_of(cfg)  # before deriving seeds: the sweeper hashes the config as composed
+    cfg = derive_seeds(cfg)  # null encoder.seed / data.seed = the root seed
     resolved = to_container(cfg)
     resolved.pop("hydra", None)
     timer = Timer()
@@ -148,7 +150,7 @@ def run(cfg: DictConfig) -> float | None:
                 start_fresh(run_dir)  # a new run never appends to an old metrics.csv / W&B run
             # A resumed run adds to its results; a new run in an old folder starts them over.
             update_results(run_dir, fresh=ckpt is None, status="running", config=resolved,
-                           config_hash=config_hash_of(cfg), git_commit=git_commit())
+                           config_hash=digest, git_commit=git_commit())
         with timer.section("setup"):
             import lightning.pytorch as pl
 

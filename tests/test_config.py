@@ -91,3 +91,15 @@ def test_eval_monitor_without_eval_is_rejected_before_compute():
         validate(_compose("eval=local", "train.monitor=eval/group/no-such-group"))
     assert validate(_compose("eval=local", "train.monitor=eval/group/local-short")).train.monitor.endswith("short")
     assert validate(_compose("eval=local", "train.monitor=eval/LocalShort/test")).eval is not None
+
+
+def test_one_seed_derives_every_part_unless_a_part_sets_its_own():
+    from lmk.config import derive_seeds
+
+    cfg = _compose("experiment=tiny", "seed=7")
+    assert cfg.encoder.seed is None and cfg.data.seed is None  # null in the group files: derived
+    derived = derive_seeds(cfg)
+    assert derived.encoder.seed == 7 and derived.data.seed == 7 and cfg.data.seed is None  # a copy
+    pinned = derive_seeds(_compose("experiment=tiny", "seed=7", "data.seed=3"))
+    assert pinned.data.seed == 3 and pinned.encoder.seed == 7
+    validate(cfg)  # null per-part seeds are valid
