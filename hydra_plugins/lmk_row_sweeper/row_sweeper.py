@@ -42,6 +42,8 @@ class RowSweeperConf:
     # Dotted path of a function called with each job's config before anything launches (e.g.
     # lmk.config.validate): a bad row fails the whole sweep in seconds, not after the first row.
     validate: Optional[str] = None  # noqa: UP045
+    # Run every row once per seed (`seed=<k>`) into <row>/seed<k>; None: once, into <row>.
+    seeds: Optional[List[int]] = None  # noqa: UP006, UP045
 
 
 ConfigStore.instance().store(group="hydra/sweeper", name="rows", node=RowSweeperConf, provider="lmk")
@@ -77,11 +79,13 @@ class RowSweeper(Sweeper):
         dry_run: bool = False,
         max_batch_size: int | None = None,
         validate: str | None = None,
+        seeds: list[int] | None = None,
     ) -> None:
         super().__init__()
         self.rows = load_rows(dict(rows or {}), rows_file)
         self.force, self.dry_run, self.max_batch_size = force, dry_run, max_batch_size
         self.validate = validate
+        self.seeds = [int(s) for s in seeds] if seeds else None
         self.config: DictConfig | None = None
         self.launcher: Launcher | None = None
         self.hydra_context: HydraContext | None = None
@@ -115,25 +119,30 @@ class RowSweeper(Sweeper):
             check = get_method(self.validate)
         jobs = []
         for row, row_overrides in self.rows.items():
-            overrides = [*arguments, *row_overrides, f"++row={row}", f"hydra.sweep.subdir={row}"]
-            job_cfg = self.hydra_context.config_loader.load_sweep_config(
-                master_config=self.config, sweep_overrides=list(overrides)
-            )
-            digest = config_hash_of(job_cfg)
-            if check is not None:
-                self._check_job(check, job_cfg, sweep_dir / row, row, row_overrides)
-            job_dir = sweep_dir / row
-            previous = read_results(job_dir)
-            done = (
-                not self.force
-                and previous.get("status") == STATUS_DONE
-                and previous.get("config_hash") == digest
-            )
-            if previous and previous.get("config_hash") not in (None, digest) and not self.force:
-                log.info("row %s: config changed since the last run (%s -> %s), recomputing",
-                         row, previous.get("config_hash"), digest)
-            jobs.append({"row": row, "overrides": overrides, "job_dir": str(job_dir),
-                         "config_hash": digest, "skip": done})
+            for seed in self.seeds or [None]:
+                job = row if seed is None else f"{row}/seed{seed}"
+                overrides = [*arguments, *row_overrides, *([] if seed is None else [f"seed={seed}"]),
+                             f"++row={row}", f"hydra.sweep.subdir={job}"]
+                job_cfg = self.hydra_context.config_loader.load_sweep_config(
+                    master_config=self.config, sweep_overrides=list(overrides)
+                )
+                digest = config_hash_of(job_cfg)
+                if check is not None:
+                    self._check_job(check, job_cfg, sweep_dir / job, job, row_overrides)
+                job_dir = sweep_dir / job
+                previous = read_results(job_dir)
+                done = (
+                    not self.force
+                    and previous.get("status") == STATUS_DONE
+                    and previous.get("config_hash") == digest
+                )
+                if previous and previous.get("config_hash") not in (None, digest) and not self.force:
+                    log.info("row %s: config changed since the last run (%s -> %s), recomputing",
+                             job, previous.get("config_hash"), digest)
+                if not done and previous.get("status") == STATUS_DONE and "overwrite" in job_cfg:
+                    overrides.append("overwrite=true")  # rerunning a finished folder is this sweep's decision
+                jobs.append({"row": row, "job": job, "seed": seed, "overrides": overrides,
+                             "job_dir": str(job_dir), "config_hash": digest, "skip": done})
         return jobs
 
     def _check_job(self, check: Any, job_cfg: DictConfig, job_dir: Path, row: str, row_overrides: list[str]) -> None:
@@ -171,7 +180,7 @@ class RowSweeper(Sweeper):
             json.dump(plan, fh, indent=2, default=str)
         pending = [j for j in jobs if not j["skip"]]
         for j in jobs:
-            log.info("row %-16s %s  %s", j["row"], "skip (done, same config)" if j["skip"] else "run ",
+            log.info("row %-16s %s  %s", j["job"], "skip (done, same config)" if j["skip"] else "run ",
                      " ".join(j["overrides"]))
         if self.dry_run:
             log.info("dry run: %d jobs planned, %d to launch; plan in %s", len(jobs), len(pending),
@@ -180,7 +189,7 @@ class RowSweeper(Sweeper):
 
         batch_size = self.max_batch_size or max(len(pending), 1)
         returns: list[JobReturn] = []
-        status: dict[str, Any] = {j["row"]: {"status": "skipped", "job_dir": j["job_dir"]}
+        status: dict[str, Any] = {j["job"]: {"status": "skipped", "job_dir": j["job_dir"]}
                                   for j in jobs if j["skip"]}
         started = time.perf_counter()
         for first in range(0, len(pending), batch_size):
@@ -192,7 +201,7 @@ class RowSweeper(Sweeper):
             else:
                 eta_txt = ""
             log.info("launching row %d/%d: %s%s", first + 1, len(pending),
-                     ", ".join(j["row"] for j in batch), eta_txt)
+                     ", ".join(j["job"] for j in batch), eta_txt)
             tic = time.perf_counter()
             results = self.launcher.launch([j["overrides"] for j in batch], initial_job_idx=first)
             for job, ret in zip(batch, results):
@@ -203,10 +212,10 @@ class RowSweeper(Sweeper):
                     # Record, keep going: one broken row must not cost the other rows.
                     err = ret._return_value
                     entry["error"] = f"{type(err).__name__}: {err}"
-                    log.error("row %s failed: %s", job["row"], entry["error"])
+                    log.error("row %s failed: %s", job["job"], entry["error"])
                     update_results(job["job_dir"], status="failed", error=entry["error"],
                                    config_hash=job["config_hash"], row=job["row"])
-                status[job["row"]] = entry
+                status[job["job"]] = entry
             returns.extend(results)
         with open(sweep_dir / "sweep_status.json", "w") as fh:
             json.dump(status, fh, indent=2)
