@@ -178,8 +178,10 @@ def run(cfg: DictConfig) -> float | None:
             trainer = build_trainer(typed, cfg, run_dir, callbacks, loggers)
         t0 = time.perf_counter()
         with timer.section("fit"), warnings.catch_warnings():
-            # The map-style sampler resumes mid-epoch (lmk.resume); Lightning cannot tell and warns it does not.
-            warnings.filterwarnings("ignore", message=".*dataloader is not resumable.*")
+            if not getattr(datamodule, "cfg", None) or not datamodule.cfg.streaming:
+                # The map-style sampler resumes mid-epoch (lmk.resume); Lightning cannot tell and warns it
+                # does not. A stream has no position to restore: that warning stays.
+                warnings.filterwarnings("ignore", message=".*dataloader is not resumable.*")
             trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt)
         ckpt_cb = callbacks[0]
         if ckpt_cb._last_global_step_saved != trainer.global_step:  # the final step is always checkpointed
