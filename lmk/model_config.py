@@ -56,6 +56,8 @@ class EncoderConfig(Coercible):
 
     def __post_init__(self) -> None:
         self.config_overrides = dict(plain(self.config_overrides) or {})
+        if self.seed is None:  # a group file used without lmk.config.derive_seeds (which sets the root seed)
+            self.seed = 0
         n = "EncoderConfig"
         if not self.name:
             raise ValueError(f"{n}.name must be a non-empty string (it names runs and mteb models)")

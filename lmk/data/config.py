@@ -102,8 +102,9 @@ class DataConfig(Coercible):
         _check_int("DataConfig", "query_max_length", self.query_max_length, 2)
         _check_int("DataConfig", "passage_max_length", self.passage_max_length, 2)
         _check_int("DataConfig", "num_workers", self.num_workers, 0)
-        if self.seed is not None:
-            _check_int("DataConfig", "seed", self.seed, 0)
+        if self.seed is None:  # a group file used without lmk.config.derive_seeds (which sets the root seed)
+            self.seed = 0
+        _check_int("DataConfig", "seed", self.seed, 0)
         _check_int("DataConfig", "shuffle_buffer", self.shuffle_buffer, 1)
         if self.max_rows is not None:
             _check_int("DataConfig", "max_rows", self.max_rows, 1)
