@@ -295,7 +295,9 @@ def wandb_info(loggers: Logger | Sequence[Logger] | None) -> dict[str, Any]:
             pass
     if info.get("mode") == "offline":
         info["dir"] = offline_run_dir(lg)
-        info["sync"] = f"wandb sync {info['dir']}"
+        # A resumed run leaves one offline folder per segment, all with the run's id: sync them all.
+        segments = f"{Path(info['dir']).parent}/offline-run-*-{info['id']}" if info.get("id") and info["dir"] else None
+        info["sync"] = f"wandb sync {segments or info['dir']}"
     return info
 
 

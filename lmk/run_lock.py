@@ -26,8 +26,6 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from lmk.files import follow_umask
-
 log = logging.getLogger(__name__)
 
 LOCK_FILE = "run.lock"
@@ -123,9 +121,8 @@ def acquire(run_dir: str | os.PathLike) -> Path:
                               stacklevel=2)
                 path.unlink(missing_ok=True)
             continue
-        with os.fdopen(fd, "w") as fh:
+        with os.fdopen(fd, "w") as fh:  # os.open applies the umask to 0o666 itself
             json.dump(_owner_record(), fh)
-        follow_umask(path)
         return path
     raise RunFolderBusy(f"could not take {path}: other runs keep taking it; choose another hydra.run.dir")
 

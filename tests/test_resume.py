@@ -69,6 +69,7 @@ def test_killed_mid_epoch_resume_matches_uninterrupted_run(tmp_path):
     assert res["wandb"]["id"] == wandb_id == (run / "wandb_run_id").read_text()
     segments = sorted((run / "wandb").glob(f"offline-run-*-{wandb_id}/run-{wandb_id}.wandb"))
     assert len(segments) == 2, list((run / "wandb").iterdir())
+    assert res["wandb"]["sync"] == f"wandb sync {run / 'wandb'}/offline-run-*-{wandb_id}"  # both segments
 
 
 def test_resume_state_is_in_the_checkpoint(tmp_path):
