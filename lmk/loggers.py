@@ -197,7 +197,9 @@ def _build_wandb(logger_cfg: Any, run_dir: Path, cfg: Any, resume: bool = False)
         "id": run_id,
         "resume": "allow" if resume else None,  # asking the server for a resume status costs a round trip
         # An unreachable server would stall init for ~100 s: bound it, then fall back to offline below.
-        "settings": wandb.Settings(init_timeout=float(_get(logger_cfg, "init_timeout", 5.0))),
+        # quiet: wandb's "logged in as" banner asks the server for the user name with its own, unbounded
+        # retries (10 s more when it is down); the run URL is logged here instead.
+        "settings": wandb.Settings(init_timeout=float(_get(logger_cfg, "init_timeout", 5.0)), quiet=True),
     }
     if mode is not None:
         kwargs["mode"] = mode
@@ -221,6 +223,8 @@ def _build_wandb(logger_cfg: Any, run_dir: Path, cfg: Any, resume: bool = False)
             return None
     if rank_zero_only.rank == 0:
         id_file.write_text(run_id)
+        if wandb_mode(logger) == "online":
+            log.info("W&B run %s: %s", run_id, getattr(logger.experiment, "url", None))
     if rank_zero_only.rank == 0 and wandb_mode(logger) == "offline":
         log.warning("W&B is offline (no API key / no network). Sync later with: wandb sync %s",
                     offline_run_dir(logger) or f"{run_dir}/wandb/offline-run-*")
