@@ -90,6 +90,16 @@ def _read(path: Path) -> dict[str, Any] | None:
         return {}  # half-written by a process that died mid-write: no owner to honour
 
 
+_WRITE_GRACE_S = 10.0  # an empty/unreadable lock younger than this is being written, not stale
+
+
+def _age(path: Path) -> float:
+    try:
+        return time.time() - path.stat().st_mtime
+    except FileNotFoundError:
+        return 0.0
+
+
 def _busy_message(run_dir: Path, owner: dict[str, Any]) -> str:
     host, here = owner.get("host", "?"), socket.gethostname()
     where = "this host" if host == here else f"host {host} (cannot be checked from {here})"
@@ -103,13 +113,16 @@ def acquire(run_dir: str | os.PathLike) -> Path:
     run_dir = Path(run_dir).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / LOCK_FILE
-    for _ in range(3):
+    for _ in range(20):  # about 2 s at most
         try:
             fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)  # atomic: one creator wins
         except FileExistsError:
             owner = _read(path)
             if owner is None:
                 continue  # released meanwhile: try again
+            if not owner and _age(path) < _WRITE_GRACE_S:
+                time.sleep(0.1)  # just created by a run that has not written its record yet
+                continue
             if owner and _is_me(owner):
                 return path
             if owner and (owner.get("host") != socket.gethostname() or _is_alive(owner)):
@@ -124,7 +137,8 @@ def acquire(run_dir: str | os.PathLike) -> Path:
         with os.fdopen(fd, "w") as fh:  # os.open applies the umask to 0o666 itself
             json.dump(_owner_record(), fh)
         return path
-    raise RunFolderBusy(f"could not take {path}: other runs keep taking it; choose another hydra.run.dir")
+    raise RunFolderBusy(f"could not take {path}: another run is taking this folder right now; choose another "
+                        "hydra.run.dir (or delete the lock if no run is starting there)")
 
 
 def release(run_dir: str | os.PathLike) -> None:

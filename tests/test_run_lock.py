@@ -100,6 +100,18 @@ def test_lock_of_a_dead_pid_is_stale_and_another_host_is_honoured(tmp_path):
         run_lock.acquire(tmp_path / "c")
 
 
+def test_lock_being_written_is_not_stale_but_an_old_unreadable_one_is(tmp_path):
+    path = tmp_path / run_lock.LOCK_FILE
+    path.write_text("")  # another run between creating the lock and writing its record
+    with pytest.raises(run_lock.RunFolderBusy, match="another run is taking this folder right now"):
+        run_lock.acquire(tmp_path)
+    assert path.read_text() == ""
+    os.utime(path, (time.time() - 60, time.time() - 60))  # left half-written by a run that died long ago
+    with pytest.warns(UserWarning, match="stale lock"):
+        run_lock.acquire(tmp_path)
+    assert json.loads(path.read_text())["pid"] == os.getpid()
+
+
 def test_non_zero_ranks_never_lock(tmp_path, monkeypatch):
     monkeypatch.setenv("LOCAL_RANK", "1")
     update_results(tmp_path, status="done")
