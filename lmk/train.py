@@ -22,6 +22,7 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
+from lmk import run_lock
 from lmk.config import RootConfig, derive_seeds, to_container, validate
 from lmk.results import Timer, config_hash_of, git_commit, update_results
 
@@ -136,8 +137,6 @@ def run(cfg: DictConfig) -> float | None:
     exit_code = 1
     rank_zero = _is_rank_zero()
     ckpt: str | None = None
-    from lmk import run_lock
-
     # Before anything is written: a folder owned by another live run, or a finished run not meant to be
     # reused, is refused here (and leaves results.json alone). Usually the Hydra callback took it already.
     lock = run_lock.claim(run_dir, typed.ckpt_path, typed.overwrite)
@@ -178,7 +177,7 @@ def run(cfg: DictConfig) -> float | None:
             trainer = build_trainer(typed, cfg, run_dir, callbacks, loggers)
         t0 = time.perf_counter()
         with timer.section("fit"), warnings.catch_warnings():
-            if not getattr(datamodule, "cfg", None) or not datamodule.cfg.streaming:
+            if getattr(getattr(datamodule, "cfg", None), "streaming", True) is False:
                 # The map-style sampler resumes mid-epoch (lmk.resume); Lightning cannot tell and warns it
                 # does not. A stream has no position to restore: that warning stays.
                 warnings.filterwarnings("ignore", message=".*dataloader is not resumable.*")
