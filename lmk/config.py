@@ -8,6 +8,7 @@ naming the key, the bad value and the allowed values or keys. Nothing here impor
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import types
@@ -130,7 +131,11 @@ class LoggerSection:
     notes: str | None = None
     mode: Literal["auto", "online", "offline", "disabled"] = "auto"  # auto: offline without credentials
     log_model: bool = False
+    init_timeout: float = 5.0  # seconds W&B may take to reach its server before the run goes offline
     csv: bool = True  # also write <run_dir>/metrics.csv (always on for wandb: results never only in W&B)
+
+    def __post_init__(self) -> None:
+        _positive("logger.init_timeout", self.init_timeout)
 
 
 @dataclass
@@ -172,6 +177,7 @@ class RootConfig:
     seed: int = 0
     run_dir: str = "outputs/run"
     ckpt_path: str | None = None  # null | last | a checkpoint path
+    overwrite: bool = False  # start a finished run folder over (else only ckpt_path=last reuses it)
     name: str = "train"
     row: str | None = None  # the table row id the row sweeper sets (`++row=...`)
     encoder: Any = None
@@ -341,6 +347,27 @@ def to_container(cfg: Any) -> dict[str, Any]:
     return dict(cfg)
 
 
+SEEDED_PARTS = ("encoder", "data")  # `<part>.seed: null` = the root seed
+
+
+def derive_seeds(cfg: Any) -> Any:
+    """A copy of `cfg` whose null per-part seeds (encoder.seed: random init, data.seed: data order, negatives
+    and variable chunk draws) are the root `seed`. The root seed also seeds dropout (seed_everything).
+
+    One `seed` key then varies every random stream; a part's own seed, when set, overrides it. The
+    config hash is taken before this (nulls hashed as such), so a sweep and its jobs agree on it.
+    """
+    from omegaconf import OmegaConf, open_dict
+
+    out = copy.deepcopy(cfg)
+    seed = OmegaConf.select(out, "seed", default=0)
+    with open_dict(out):
+        for part in SEEDED_PARTS:
+            if OmegaConf.select(out, part) is not None and OmegaConf.select(out, f"{part}.seed") is None:
+                out[part]["seed"] = seed
+    return out
+
+
 def validate(cfg: Any) -> RootConfig:
     """The typed, checked root config; raises ConfigError on the first bad key or value."""
     plain = to_container(cfg)
@@ -418,3 +445,23 @@ def _cross_checks(root: RootConfig) -> None:
     if root.train.grad_cache and t.accumulate_grad_batches != 1:
         raise ConfigError("train.grad_cache=true with trainer.accumulate_grad_batches>1: grad cache already "
                           "reaches large batches; set trainer.accumulate_grad_batches=1")
+    _check_monitor(root.train.monitor, root.eval)
+
+
+def _check_monitor(monitor: str, eval_cfg: Any) -> None:
+    """An `eval/...` monitor needs an evaluation that logs it: else no best.ckpt is ever written."""
+    if not monitor.startswith("eval/"):
+        return
+    get = (lambda k, d: eval_cfg.get(k, d)) if isinstance(eval_cfg, Mapping) else (
+        lambda k, d: getattr(eval_cfg, k, d))
+    tasks = list(get("tasks", None) or []) if eval_cfg is not None else []
+    groups = dict(get("groups", None) or {}) if eval_cfg is not None else {}
+    runs = eval_cfg is not None and (get("every_n_steps", None) is not None or get("at_fit_end", True))
+    if not tasks or not runs:
+        raise ConfigError(f"train.monitor={monitor!r} is an eval metric but no evaluation runs during training "
+                          "(eval=none or no eval.every_n_steps/at_fit_end): set eval=<suite> (e.g. eval=local) "
+                          "or train.monitor=train/loss train.monitor_mode=min")
+    logged = [f"eval/group/{g}" for g in groups] + [f"eval/{t}" for t in tasks]
+    if monitor not in logged and not any(monitor.startswith(f"eval/{t}/") for t in tasks):
+        raise ConfigError(f"train.monitor={monitor!r} is not logged by eval={get('name', '?')}; "
+                          f"allowed values: {', '.join(logged)} (or eval/<task>/<split>), or train/loss")

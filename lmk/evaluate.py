@@ -29,6 +29,7 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
+from lmk.config import derive_seeds
 from lmk.eval.config import EvalConfig
 from lmk.results import Timer, config_hash_of, git_commit, update_results
 
@@ -220,7 +221,8 @@ def run(cfg: DictConfig, run_dir: str | os.PathLike | None = None, cross_pooling
         with timer.section("tasks"):
             tasks = build_tasks(eval_cfg)  # unknown names / offline hub tasks fail before the model loads
         with timer.section("load_model"):
-            model, info = load_model(cfg.get("model"), cfg.get("encoder"), cfg.get("pooling"), int(cfg.get("seed", 0)))
+            seeded = derive_seeds(cfg)  # a null encoder.seed (random init) is the root seed, as in training
+            model, info = load_model(cfg.get("model"), seeded.get("encoder"), cfg.get("pooling"), int(cfg.get("seed", 0)))
             if cross_pooling is None:
                 cross_pooling = _pooling_overridden()
             # a plain HF encoder was built with cfg.pooling already: nothing to swap

@@ -11,6 +11,7 @@ import csv
 import logging
 import netrc
 import os
+import uuid
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -237,11 +238,27 @@ def _run_name(logger_cfg: Any, cfg: Any) -> str:
     return "-".join(parts)
 
 
-def _build_wandb(logger_cfg: Any, run_dir: Path, cfg: Any) -> SafeWandbLogger | None:
+WANDB_ID_FILE = "wandb_run_id"  # <run_dir>/wandb_run_id: the W&B run a resumed run continues
+
+
+def _start_wandb(kwargs: dict[str, Any]) -> SafeWandbLogger:
+    logger = SafeWandbLogger(**{k: v for k, v in kwargs.items() if v is not None})
+    if rank_zero_only.rank == 0:
+        _ = logger.experiment  # start now so an init failure falls back here, not mid-fit
+    return logger
+
+
+def _build_wandb(logger_cfg: Any, run_dir: Path, cfg: Any, resume: bool = False) -> SafeWandbLogger | None:
+    import wandb
+
     mode = resolve_wandb_mode(str(_get(logger_cfg, "mode", "auto")))
     group = _get(logger_cfg, "group") or sweep_group()
     tags = [str(t) for t in (_get(logger_cfg, "tags") or [])]
     run_dir.mkdir(parents=True, exist_ok=True)
+    id_file = run_dir / WANDB_ID_FILE
+    # One W&B run per run folder: a resumed run continues it; a fresh one gets a new id (kept for its resume).
+    resume = resume and id_file.is_file()
+    run_id = id_file.read_text().strip() if resume else uuid.uuid4().hex[:8]
     kwargs: dict[str, Any] = {
         "project": _get(logger_cfg, "project", "lmk"),
         "entity": _get(logger_cfg, "entity"),
@@ -252,28 +269,50 @@ def _build_wandb(logger_cfg: Any, run_dir: Path, cfg: Any) -> SafeWandbLogger | 
         "save_dir": str(run_dir),  # -> <run_dir>/wandb/offline-run-*
         "log_model": bool(_get(logger_cfg, "log_model", False)),
         "reinit": "finish_previous",  # a multirun job never appends to the previous job's run
+        "id": run_id,
+        "resume": "allow" if resume else None,  # asking the server for a resume status costs a round trip
+        # An unreachable server would stall init for ~100 s: bound it, then fall back to offline below.
+        # quiet: wandb's "logged in as" banner asks the server for the user name with its own, unbounded
+        # retries (10 s more when it is down); the run URL is logged here instead.
+        "settings": wandb.Settings(init_timeout=float(_get(logger_cfg, "init_timeout", 5.0)), quiet=True),
     }
     if mode is not None:
         kwargs["mode"] = mode
     try:
-        logger = SafeWandbLogger(**{k: v for k, v in kwargs.items() if v is not None})
-        if rank_zero_only.rank == 0:
-            _ = logger.experiment  # start now so an init failure falls back here, not mid-fit
+        logger = _start_wandb(kwargs)
     except Exception as err:  # noqa: BLE001 - never fatal
-        warnings.warn(f"W&B init failed ({type(err).__name__}: {err}); continuing with the CSV log only",
+        if not isinstance(err, wandb.errors.CommError) or kwargs.get("mode") == "offline":
+            warnings.warn(f"W&B init failed ({type(err).__name__}: {err}); continuing with the CSV log only",
+                          stacklevel=2)
+            return None
+        # The server did not answer in logger.init_timeout: an offline run can still be synced later.
+        warnings.warn(f"W&B init failed ({type(err).__name__}: {err}); logging offline instead (wandb sync later)",
                       stacklevel=2)
-        return None
+        try:
+            wandb.finish(exit_code=1)  # drop the half-started online run, if any
+            run_id = uuid.uuid4().hex[:8]  # the service still holds the failed online run's id
+            logger = _start_wandb({**kwargs, "mode": "offline", "id": run_id})
+        except Exception as err2:  # noqa: BLE001
+            warnings.warn(f"W&B offline init failed too ({type(err2).__name__}: {err2}); continuing with the CSV "
+                          "log only", stacklevel=2)
+            return None
+    if rank_zero_only.rank == 0:
+        id_file.write_text(run_id)
+        if wandb_mode(logger) == "online":
+            log.info("W&B run %s: %s", run_id, getattr(logger.experiment, "url", None))
     if rank_zero_only.rank == 0 and wandb_mode(logger) == "offline":
         log.warning("W&B is offline (no API key / no network). Sync later with: wandb sync %s",
                     offline_run_dir(logger) or f"{run_dir}/wandb/offline-run-*")
     return logger
 
 
-def build_logger(logger_cfg: Any, run_dir: str | os.PathLike, cfg: Any = None) -> Logger | list[Logger] | None:
+def build_logger(logger_cfg: Any, run_dir: str | os.PathLike, cfg: Any = None,
+                 resume: bool = False) -> Logger | list[Logger] | None:
     """Lightning logger(s) for `logger_cfg` (`logger.name`: wandb | csv | none).
 
     wandb -> [SafeWandbLogger, CSVLogger] (CSV alone when W&B fails to start); csv -> CSVLogger;
-    none -> None. The CSV log is `<run_dir>/metrics.csv`.
+    none -> None. The CSV log is `<run_dir>/metrics.csv`. `resume`: continue the W&B run whose id is
+    in `<run_dir>/wandb_run_id`.
     """
     name = _get(logger_cfg, "name", "csv")
     run_dir = Path(run_dir)
@@ -284,7 +323,7 @@ def build_logger(logger_cfg: Any, run_dir: str | os.PathLike, cfg: Any = None) -
     csv = AppendingCSVLogger(save_dir=str(run_dir), name="", version="")
     if name == "csv":
         return csv
-    wandb_logger = _build_wandb(logger_cfg, run_dir, cfg or {})
+    wandb_logger = _build_wandb(logger_cfg, run_dir, cfg or {}, resume=resume)
     return [wandb_logger, csv] if wandb_logger is not None else csv
 
 
@@ -335,7 +374,9 @@ def wandb_info(loggers: Logger | Sequence[Logger] | None) -> dict[str, Any]:
             pass
     if info.get("mode") == "offline":
         info["dir"] = offline_run_dir(lg)
-        info["sync"] = f"wandb sync {info['dir']}"
+        # A resumed run leaves one offline folder per segment, all with the run's id: sync them all.
+        segments = f"{Path(info['dir']).parent}/offline-run-*-{info['id']}" if info.get("id") and info["dir"] else None
+        info["sync"] = f"wandb sync {segments or info['dir']}"
     return info
 
 

@@ -55,13 +55,15 @@ class EncoderConfig(Coercible):
     revision: str | None = None
     dtype: str = "float32"
     gradient_checkpointing: bool = False
-    seed: int = 0
+    seed: int | None = 0  # random init; null in a config: the root `seed` (lmk.config.derive_seeds)
     # false: zero the rotary frequencies (the authors' `disable_rope` ablation; RoPE backbones only)
     rope: bool = True
     _target_: str | None = None
 
     def __post_init__(self) -> None:
         self.config_overrides = dict(plain(self.config_overrides) or {})
+        if self.seed is None:  # a group file used without lmk.config.derive_seeds (which sets the root seed)
+            self.seed = 0
         n = "EncoderConfig"
         if not self.name:
             raise ValueError(f"{n}.name must be a non-empty string (it names runs and mteb models)")

@@ -20,6 +20,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from lmk.files import follow_umask
+
 # ModernBERT's special tokens, in its id order after the BPE entries
 SPECIAL_TOKENS = ("[UNK]", "[CLS]", "[SEP]", "[PAD]", "[MASK]")
 MODEL_MAX_LENGTH = 8192
@@ -85,6 +87,7 @@ def get_model_path(bpe_size: int = BPE_SIZE, cache_dir: str | os.PathLike | None
         return folder
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=root))
+    follow_umask(tmp, directory=True)  # mkdtemp makes it 0700
     try:
         build(tmp, bpe_size)
         try:

@@ -16,6 +16,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from lmk.files import follow_umask
+
 RESULTS_FILE = "results.json"
 
 
@@ -52,6 +54,7 @@ def update_results(run_dir: str | os.PathLike, *, fresh: bool = False, **section
     fd, tmp = tempfile.mkstemp(dir=run_dir, prefix=".results.", suffix=".json")
     with os.fdopen(fd, "w") as fh:
         json.dump(merged, fh, indent=2, sort_keys=True, default=str)
+    follow_umask(tmp)  # mkstemp makes it 0600
     os.replace(tmp, run_dir / RESULTS_FILE)
     return merged
 
@@ -107,7 +110,7 @@ HASH_LOCATION_KEYS = ("hydra", "run_dir", "ckpt_path", "paths", "cache_dir")
 # Keys that say where or how a run is stored/logged, not what it computes: two runs that differ only
 # in these produce the same numbers, so they share a config hash. (A value interpolated *from* the
 # launcher, e.g. trainer.num_nodes, does change the global batch, so it is resolved and hashed.)
-HASH_IGNORED_KEYS = (*HASH_LOCATION_KEYS, "logger", "launcher", "hub")  # hub: where repos are read from
+HASH_IGNORED_KEYS = (*HASH_LOCATION_KEYS, "logger", "launcher", "hub", "overwrite")  # hub: where repos are read from
 # The status a finished run records; the sweeper skips rows whose results say this.
 STATUS_DONE = "done"
 

@@ -4,6 +4,9 @@ Examples:
     python -m lmk.train encoder=tiny-modernbert pooling=lmk-variable trainer=cpu logger=wandb
     python -m lmk.train -m pooling=lmk-fixed pooling.chunk_size=32,64,128
     python -m lmk.train ckpt_path=last hydra.run.dir=<run dir>      # resume <run dir>/checkpoints/last.ckpt
+    python -m lmk.train overwrite=true hydra.run.dir=<finished run>  # start a finished folder over
+
+A run folder has one live owner (`lmk.run_lock`); a resumed run continues exactly (`lmk.resume`).
 """
 
 from __future__ import annotations
@@ -12,13 +15,15 @@ import logging
 import os
 import time
 import traceback
+import warnings
 from pathlib import Path
 from typing import Any
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from lmk.config import RootConfig, to_container, validate
+from lmk import run_lock
+from lmk.config import RootConfig, derive_seeds, to_container, validate
 from lmk.results import Timer, config_hash_of, git_commit, update_results
 
 log = logging.getLogger(__name__)
@@ -82,7 +87,10 @@ def build_module(typed: RootConfig, model: Any) -> Any:
 
 
 def build_callbacks(typed: RootConfig, cfg: DictConfig, run_dir: Path, has_logger: bool) -> list[Any]:
+    """ModelCheckpoint first (run() reads it back), ExactResume, then the LR monitor and eval callback."""
     from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
+
+    from lmk.resume import ExactResume
 
     t = typed.train
     every = t.checkpoint_every_n_steps or max(typed.trainer.max_steps, 1)
@@ -90,7 +98,8 @@ def build_callbacks(typed: RootConfig, cfg: DictConfig, run_dir: Path, has_logge
         ModelCheckpoint(
             dirpath=str(run_dir / "checkpoints"), filename="best", monitor=t.monitor, mode=t.monitor_mode,
             save_top_k=1, save_last=True, every_n_train_steps=every, auto_insert_metric_name=False,
-        )
+        ),
+        ExactResume(run_dir),
     ]
     if has_logger:
         callbacks.append(LearningRateMonitor(logging_interval="step"))
@@ -136,6 +145,8 @@ def run(cfg: DictConfig) -> float | None:
 
     check_available(cfg)  # offline (HF_HUB_OFFLINE): every hub model / dataset this job loads is on disk
     run_dir = Path(typed.run_dir)
+    digest = config_hash_of(cfg)  # before deriving seeds: the sweeper hashes the config as composed
+    cfg = derive_seeds(cfg)  # null encoder.seed / data.seed = the root seed
     resolved = to_container(cfg)
     resolved.pop("hydra", None)
     timer = Timer()
@@ -143,12 +154,19 @@ def run(cfg: DictConfig) -> float | None:
     exit_code = 1
     rank_zero = _is_rank_zero()
     ckpt: str | None = None
+    # Before anything is written: a folder owned by another live run, or a finished run not meant to be
+    # reused, is refused here (and leaves results.json alone). Usually the Hydra callback took it already.
+    lock = run_lock.claim(run_dir, typed.ckpt_path, typed.overwrite)
     try:
         ckpt = resolve_ckpt_path(typed.ckpt_path, run_dir)
         if rank_zero:
+            if ckpt is None:
+                from lmk.resume import start_fresh
+
+                start_fresh(run_dir)  # a new run never appends to an old metrics.csv / W&B run
             # A resumed run adds to its results; a new run in an old folder starts them over.
             update_results(run_dir, fresh=ckpt is None, status="running", config=resolved,
-                           config_hash=config_hash_of(cfg), git_commit=git_commit())
+                           config_hash=digest, git_commit=git_commit())
         with timer.section("setup"):
             import lightning.pytorch as pl
 
@@ -164,13 +182,22 @@ def run(cfg: DictConfig) -> float | None:
                                          passage_max_length=p_len, seed=typed.seed)
             datamodule = build_datamodule(cfg, model)
             module = build_module(typed, model)
-            loggers = build_logger(typed.logger, run_dir, resolved)
+            loggers = build_logger(typed.logger, run_dir, resolved, resume=ckpt is not None)
+            if rank_zero:
+                from lmk.loggers import wandb_info
+
+                # now, not only at the end: a killed run's results.json still points at its W&B run
+                update_results(run_dir, wandb=wandb_info(loggers))
             for lg in (loggers if isinstance(loggers, list) else [loggers] if loggers else []):
                 lg.log_hyperparams(resolved)  # resolved: no ${...} left in W&B / hparams.yaml
             callbacks = build_callbacks(typed, cfg, run_dir, has_logger=bool(loggers))
             trainer = build_trainer(typed, cfg, run_dir, callbacks, loggers)
         t0 = time.perf_counter()
-        with timer.section("fit"):
+        with timer.section("fit"), warnings.catch_warnings():
+            if getattr(getattr(datamodule, "cfg", None), "streaming", True) is False:
+                # The map-style sampler resumes mid-epoch (lmk.resume); Lightning cannot tell and warns it
+                # does not. A stream has no position to restore: that warning stays.
+                warnings.filterwarnings("ignore", message=".*dataloader is not resumable.*")
             trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt)
         ckpt_cb = callbacks[0]
         if ckpt_cb._last_global_step_saved != trainer.global_step:  # the final step is always checkpointed
@@ -214,6 +241,8 @@ def run(cfg: DictConfig) -> float | None:
         from lmk.loggers import finish_loggers
 
         finish_loggers(loggers, exit_code=exit_code)
+        if lock is not None:
+            run_lock.release(run_dir)
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="train")

@@ -96,3 +96,25 @@ def test_effective_batch_counts_every_device_node_and_accumulation() -> None:
     assert queries(devices=[0, 1], num_nodes=1, accumulate_grad_batches=3) == 256 * 2 * 3
     assert queries(devices="0,1,2") == 768 and queries(devices="8") == 2048
     assert queries(devices="auto") is None and queries(devices=-1) is None
+
+
+def test_eval_monitor_without_eval_is_rejected_before_compute():
+    # eval=none never logs eval/...: the run would write no best.ckpt and still report done.
+    with pytest.raises(ConfigError, match=r"train.monitor='eval/group/local-short'.*eval=<suite>.*train/loss"):
+        validate(_compose("eval=none", "train.monitor=eval/group/local-short"))
+    with pytest.raises(ConfigError, match=r"not logged by eval=local.*eval/group/local-short"):
+        validate(_compose("eval=local", "train.monitor=eval/group/no-such-group"))
+    assert validate(_compose("eval=local", "train.monitor=eval/group/local-short")).train.monitor.endswith("short")
+    assert validate(_compose("eval=local", "train.monitor=eval/LocalShort/test")).eval is not None
+
+
+def test_one_seed_derives_every_part_unless_a_part_sets_its_own():
+    from lmk.config import derive_seeds
+
+    cfg = _compose("experiment=tiny", "seed=7")
+    assert cfg.encoder.seed is None and cfg.data.seed is None  # null in the group files: derived
+    derived = derive_seeds(cfg)
+    assert derived.encoder.seed == 7 and derived.data.seed == 7 and cfg.data.seed is None  # a copy
+    pinned = derive_seeds(_compose("experiment=tiny", "seed=7", "data.seed=3"))
+    assert pinned.data.seed == 3 and pinned.encoder.seed == 7
+    validate(cfg)  # null per-part seeds are valid

@@ -177,3 +177,24 @@ def test_config_hash_follows_values_interpolated_from_the_launcher() -> None:
     assert digest("launcher.partition=other") == base
     assert digest("launcher.nodes=4") != base
     assert digest("launcher.gpus_per_node=2") != base
+
+
+@pytest.mark.slow  # four tiny trainings with evaluation: about 90 s on 2 busy cores
+def test_tiny_sweep_over_seeds(tmp_path: Path) -> None:
+    out = tmp_path / "tiny"
+    args = ("--scale", "tiny", "--rows", "cls,lmk-fixed-32", "--seeds", "0,1", "--no-zero-shot", "--out", str(out))
+    proc = sweep(*args)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    for row in ("cls", "lmk-fixed-32"):
+        runs = [read_results(out / "train" / row / f"seed{k}") for k in (0, 1)]
+        assert [r["config"]["seed"] for r in runs] == [0, 1] and all(r["status"] == "done" for r in runs)
+        assert runs[0]["config"]["data"]["seed"] == 0 and runs[1]["config"]["data"]["seed"] == 1
+        assert runs[0]["eval"]["groups"] != runs[1]["eval"]["groups"] or \
+            runs[0]["metrics"]["train/loss"] != runs[1]["metrics"]["train/loss"]
+    cells = json.loads((out / "table2.json").read_text())["cells"]
+    cls_avg = next(c for c in cells if c["row"] == "cls" and c["column"] == "avg")
+    assert cls_avg["n_seeds"] == 2 and cls_avg["std"] is not None and "p_value_seeds" in cls_avg
+    assert "\u00b1" in (out / "table2.md").read_text()
+    again = sweep(*args)  # finished (row, seed) jobs are skipped
+    assert again.returncode == 0
+    assert (again.stdout + again.stderr).count("skip (done, same config)") == 4

@@ -154,3 +154,40 @@ def test_unknown_pooling_and_group_fail_with_valid_names(tmp_path: Path) -> None
     spec.scales["mini"].columns[0] = type(spec.scales["mini"].columns[0])("local-shrt", "x", "short")
     with pytest.raises(SpecError, match="not an eval group.*did you mean local-short"):
         validate_spec(spec, "mini")
+
+
+def test_seeds_give_mean_std_and_a_test_over_seeds(spec_path: Path, tmp_path: Path) -> None:
+    out = tmp_path / "sweep"
+    n = 30
+    for seed in (0, 1, 2):
+        # mean beats cls by about 0.3 on A in every seed (also per query); on B the two tie within noise.
+        for row, a, b in (("cls", 0.20, 0.50), ("mean", 0.50, 0.50), ("lmk", 0.30, 0.70)):
+            folder = write_run(out / "train" / row / f"seed{seed}", row,
+                               {"short-a": a + 0.01 * seed, "long-b": b + 0.01 * ((seed + (row == "mean")) % 3)},
+                               per_query([a + 0.01 * ((i + seed) % 3) for i in range(n)], [b] * n),
+                               config_hash=f"s{seed}")
+            update_results(folder, config={"seed": seed})
+    table, paths = aggregate(spec_path, "s", out)
+    mean_a = table.blocks["train"]["mean"]["short-a"]
+    assert mean_a.n_seeds == 3 and abs(mean_a.value - 0.51) < 1e-9 and abs(mean_a.std - 0.01) < 1e-9
+    assert mean_a.significant and mean_a.significant_seeds and mean_a.p_value_seeds < 0.05
+    mean_b = table.blocks["train"]["mean"]["long-b"]
+    assert not mean_b.significant_seeds and mean_b.p_value_seeds > 0.05
+    assert table.blocks["train"]["lmk"]["avg"].n_seeds == 3 and table.blocks["train"]["lmk"]["avg"].std is not None
+    md = paths["md"].read_text()
+    mean_line = next(line for line in md.splitlines() if line.startswith("| Mean"))
+    assert mean_line.split("|")[2].strip() == "**51.0 \u00b1 1.0\u2020\u2021**"
+    assert "std over up to 3 seeds" in md and str(out / "train" / "mean") in md
+    assert "$\\pm$" in paths["tex"].read_text() and "$^\\ddagger$" in paths["tex"].read_text()
+    with open(paths["csv"]) as fh:
+        cell = next(c for c in csv.DictReader(fh) if c["row"] == "mean" and c["column"] == "short-a")
+    assert cell["n_seeds"] == "3" and cell["std"] == "1.0" and cell["significant_seeds"] == "True"
+
+
+def test_one_seed_twice_with_two_configs_is_still_refused(spec_path: Path, tmp_path: Path) -> None:
+    out = tmp_path / "sweep"
+    for name, digest in (("seed0", "one"), ("seed0-old", "two")):
+        update_results(write_run(out / "train" / "cls" / name, "cls", {"short-a": 0.2, "long-b": 0.5},
+                                 config_hash=digest), config={"seed": 0})
+    with pytest.raises(MixedResultsError):
+        aggregate(spec_path, "s", out)

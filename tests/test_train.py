@@ -150,3 +150,37 @@ def test_cli_ddp_two_cpu_processes(tmp_path, pairs):
                "trainer.precision=32-true", "trainer.deterministic=true", "trainer.max_steps=2")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert results(run_dir)["status"] == "done" and results(run_dir)["metrics"]["global_step"] == 2
+
+
+def test_unreachable_wandb_server_falls_back_to_offline(tmp_path, pairs, monkeypatch):
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.setenv("WANDB_BASE_URL", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("WANDB_API_KEY", "x" * 40)  # credentials present: mode auto -> online
+    run_dir = tmp_path / "wb"
+    with pytest.warns(UserWarning, match="logging offline instead"):
+        in_process(run_dir, pairs, "logger=wandb", "logger.init_timeout=2", "trainer.max_steps=1")
+    res = results(run_dir)
+    assert res["status"] == "done" and res["wandb"]["mode"] == "offline"
+    assert Path(res["wandb"]["dir"]).is_dir() and res["wandb"]["dir"].startswith(str(run_dir / "wandb" / "offline-run-"))
+    assert glob.glob(str(Path(res["wandb"]["dir"]) / "run-*.wandb"))
+
+
+def test_seed_varies_init_data_order_and_scores(tmp_path, pairs):
+    def weights(run_dir: Path) -> dict:
+        import torch
+
+        return torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)["state_dict"]
+
+    for seed in (0, 1):
+        in_process(tmp_path / f"s{seed}", pairs, f"seed={seed}", "trainer.max_steps=2")
+    r0, r1 = results(tmp_path / "s0"), results(tmp_path / "s1")
+    assert r1["config"]["encoder"]["seed"] == 1 and r1["config"]["data"]["seed"] == 1  # derived from seed
+    assert r0["config_hash"] != r1["config_hash"]
+    assert losses(tmp_path / "s0") != losses(tmp_path / "s1")
+    w0, w1 = weights(tmp_path / "s0"), weights(tmp_path / "s1")
+    assert any(not np.array_equal(w0[k].numpy(), w1[k].numpy()) for k in w0)

@@ -46,6 +46,8 @@ class RowSweeperConf:
     # line (printed per row, stored in jobs.json): by default the per-device memory estimate against
     # launcher.gpu_memory_gb. Null to turn it off.
     report: Optional[str] = "lmk.cost.job_report"  # noqa: UP045
+    # Run every row once per seed (`seed=<k>`) into <row>/seed<k>; None: once, into <row>.
+    seeds: Optional[List[int]] = None  # noqa: UP006, UP045
 
 
 ConfigStore.instance().store(group="hydra/sweeper", name="rows", node=RowSweeperConf, provider="lmk")
@@ -120,11 +122,13 @@ class RowSweeper(Sweeper):
         max_batch_size: int | None = None,
         validate: str | None = None,
         report: str | None = None,
+        seeds: list[int] | None = None,
     ) -> None:
         super().__init__()
         self.rows = load_rows(dict(rows or {}), rows_file)
         self.force, self.dry_run, self.max_batch_size = force, dry_run, max_batch_size
         self.validate, self.report = validate, report
+        self.seeds = [int(s) for s in seeds] if seeds else None
         self.config: DictConfig | None = None
         self.launcher: Launcher | None = None
         self.hydra_context: HydraContext | None = None
@@ -157,32 +161,37 @@ class RowSweeper(Sweeper):
         report = get_method(self.report) if self.report else None
         jobs = []
         for row, row_overrides in self.rows.items():
-            overrides = [*arguments, *row_overrides, f"++row={row}", f"hydra.sweep.subdir={row}"]
-            try:
-                job_cfg = self.hydra_context.config_loader.load_sweep_config(
-                    master_config=self.config, sweep_overrides=list(overrides)
+            for seed in self.seeds or [None]:
+                job = row if seed is None else f"{row}/seed{seed}"
+                overrides = [*arguments, *row_overrides, *([] if seed is None else [f"seed={seed}"]),
+                             f"++row={row}", f"hydra.sweep.subdir={job}"]
+                try:
+                    job_cfg = self.hydra_context.config_loader.load_sweep_config(
+                        master_config=self.config, sweep_overrides=list(overrides)
+                    )
+                except Exception as exc:
+                    raise _row_error(job, row_overrides, exc, self.config) from exc
+                digest = config_hash_of(job_cfg)
+                if check is not None:
+                    self._check_job(check, job_cfg, sweep_dir / job, job, row_overrides)
+                job_report = self._report_job(report, job_cfg, sweep_dir / job) if report is not None else None
+                job_dir = sweep_dir / job
+                previous = read_results(job_dir)
+                done = (
+                    not self.force
+                    and previous.get("status") == STATUS_DONE
+                    and previous.get("config_hash") == digest
                 )
-            except Exception as exc:
-                raise _row_error(row, row_overrides, exc, self.config) from exc
-            digest = config_hash_of(job_cfg)
-            if check is not None:
-                self._check_job(check, job_cfg, sweep_dir / row, row, row_overrides)
-            job_report = self._report_job(report, job_cfg, sweep_dir / row) if report is not None else None
-            job_dir = sweep_dir / row
-            previous = read_results(job_dir)
-            done = (
-                not self.force
-                and previous.get("status") == STATUS_DONE
-                and previous.get("config_hash") == digest
-            )
-            if previous and previous.get("config_hash") not in (None, digest) and not self.force:
-                log.info("row %s: config changed since the last run (%s -> %s), recomputing",
-                         row, previous.get("config_hash"), digest)
-            job = {"row": row, "overrides": overrides, "job_dir": str(job_dir), "config_hash": digest,
-                   "skip": done, "effective_batch": _effective_batch(job_cfg)}
-            if job_report is not None:
-                job["report"] = job_report
-            jobs.append(job)
+                if previous and previous.get("config_hash") not in (None, digest) and not self.force:
+                    log.info("row %s: config changed since the last run (%s -> %s), recomputing",
+                             job, previous.get("config_hash"), digest)
+                if not done and previous.get("status") == STATUS_DONE and "overwrite" in job_cfg:
+                    overrides.append("overwrite=true")  # rerunning a finished folder is this sweep's decision
+                entry = {"row": row, "job": job, "seed": seed, "overrides": overrides, "job_dir": str(job_dir),
+                         "config_hash": digest, "skip": done, "effective_batch": _effective_batch(job_cfg)}
+                if job_report is not None:
+                    entry["report"] = job_report
+                jobs.append(entry)
         return jobs
 
     def _check_job(self, check: Any, job_cfg: DictConfig, job_dir: Path, row: str, row_overrides: list[str]) -> None:
@@ -239,18 +248,18 @@ class RowSweeper(Sweeper):
             json.dump(plan, fh, indent=2, default=str)
         pending = [j for j in jobs if not j["skip"]]
         for j in jobs:
-            log.info("row %-16s %s  %s", j["row"], "skip (done, same config)" if j["skip"] else "run ",
+            log.info("row %-16s %s  %s", j["job"], "skip (done, same config)" if j["skip"] else "run ",
                      " ".join(j["overrides"]))
             batch = j["effective_batch"]
             if batch and batch["queries"] is None:
                 log.info("row %-16s effective batch %s per device x the devices found at launch (trainer.devices "
-                         "is auto)", j["row"], batch["per_device"])
+                         "is auto)", j["job"], batch["per_device"])
             elif batch:
                 log.info("row %-16s effective batch %s queries (%s per device x %s devices x %s nodes x %s "
-                         "accumulation)", j["row"], batch["queries"], batch["per_device"], batch["devices"],
+                         "accumulation)", j["job"], batch["queries"], batch["per_device"], batch["devices"],
                          batch["nodes"], batch["accumulation"])
             if j.get("report") and j["report"].get("summary"):
-                log.info("row %-16s %s", j["row"], j["report"]["summary"])
+                log.info("row %-16s %s", j["job"], j["report"]["summary"])
         if self.dry_run:
             log.info("dry run: %d jobs planned, %d to launch; plan in %s", len(jobs), len(pending),
                      sweep_dir / "jobs.json")
@@ -258,7 +267,7 @@ class RowSweeper(Sweeper):
 
         batch_size = self.max_batch_size or max(len(pending), 1)
         returns: list[JobReturn] = []
-        status: dict[str, Any] = {j["row"]: {"status": "skipped", "job_dir": j["job_dir"]}
+        status: dict[str, Any] = {j["job"]: {"status": "skipped", "job_dir": j["job_dir"]}
                                   for j in jobs if j["skip"]}
         started = time.perf_counter()
         for first in range(0, len(pending), batch_size):
@@ -270,7 +279,7 @@ class RowSweeper(Sweeper):
             else:
                 eta_txt = ""
             log.info("launching row %d/%d: %s%s", first + 1, len(pending),
-                     ", ".join(j["row"] for j in batch), eta_txt)
+                     ", ".join(j["job"] for j in batch), eta_txt)
             tic = time.perf_counter()
             results = self.launcher.launch([j["overrides"] for j in batch], initial_job_idx=first)
             for job, ret in zip(batch, results):
@@ -281,10 +290,10 @@ class RowSweeper(Sweeper):
                     # Record, keep going: one broken row must not cost the other rows.
                     err = ret._return_value
                     entry["error"] = f"{type(err).__name__}: {err}"
-                    log.error("row %s failed: %s", job["row"], entry["error"])
+                    log.error("row %s failed: %s", job["job"], entry["error"])
                     update_results(job["job_dir"], status="failed", error=entry["error"],
                                    config_hash=job["config_hash"], row=job["row"])
-                status[job["row"]] = entry
+                status[job["job"]] = entry
             returns.extend(results)
         with open(sweep_dir / "sweep_status.json", "w") as fh:
             json.dump(status, fh, indent=2)

@@ -93,7 +93,7 @@ class DataConfig(Coercible):
     passage_max_length: int = 512
     num_workers: int = 0
     pin_memory: bool | None = None
-    seed: int = 0
+    seed: int | None = 0  # data order and groups; null in a config: the root `seed`
     skip_bad_rows: bool = False
     max_rows: int | None = None
     streaming: bool = False
@@ -119,6 +119,8 @@ class DataConfig(Coercible):
         _check_int("DataConfig", "query_max_length", self.query_max_length, 2)
         _check_int("DataConfig", "passage_max_length", self.passage_max_length, 2)
         _check_int("DataConfig", "num_workers", self.num_workers, 0)
+        if self.seed is None:  # a group file used without lmk.config.derive_seeds (which sets the root seed)
+            self.seed = 0
         _check_int("DataConfig", "seed", self.seed, 0)
         _check_int("DataConfig", "shuffle_buffer", self.shuffle_buffer, 1)
         if self.max_rows is not None:

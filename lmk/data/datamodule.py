@@ -158,6 +158,7 @@ class EpochSampler(DistributedSampler):
         self.offsets = np.cumsum([0] + self.sizes)
         self.total_size = sum(self._count(i) for i in range(len(self.sizes)))
         self.num_samples = math.ceil(self.total_size / num_replicas) if self.total_size else 0
+        self._resume: tuple[int, int] | None = None  # (epoch, items of it this rank already consumed)
 
     def _count(self, i: int) -> int:
         w = self.weights[i]
@@ -193,10 +194,29 @@ class EpochSampler(DistributedSampler):
     def __iter__(self) -> Iterator[tuple[int, ...]]:
         epoch = self.epoch
         idx, rep = self.epoch_keys(epoch)
+        start = 0
+        if self._resume is not None and self._resume[0] == epoch:
+            start, self._resume = self._resume[1], None  # one-shot: the next epoch starts at 0
         # A row repeated within an epoch (weight >= 2) draws a fresh group per repeat: the repeat number
         # joins the item key (and so the seed); first passes keep the plain (epoch, index) key.
-        for i, r in zip(idx[self.rank :: self.num_replicas], rep[self.rank :: self.num_replicas], strict=True):
-            yield (epoch, int(i)) if r == 0 else (epoch, int(i), int(r))
+        mine = zip(idx[self.rank :: self.num_replicas], rep[self.rank :: self.num_replicas], strict=True)
+        for n, (i, r) in enumerate(mine):
+            if n >= start:
+                yield (epoch, int(i)) if r == 0 else (epoch, int(i), int(r))
+
+    def state_dict(self, consumed: int) -> dict[str, int]:
+        """Where this epoch stands after `consumed` items per rank (the sampler runs ahead of training:
+        DataLoader prefetch, so the caller counts what training consumed)."""
+        return {"seed": self.seed, "epoch": int(self.epoch), "consumed": int(consumed) * self.num_replicas}
+
+    def load_state_dict(self, state: Mapping[str, int]) -> None:
+        """Continue `state`'s epoch after the items already consumed: the order is a function of
+        (seed, epoch), so skipping them gives exactly the batches an uninterrupted run sees."""
+        if int(state["seed"]) != self.seed:
+            raise ValueError(f"the checkpoint's data order has seed {state['seed']}, this run {self.seed}: resume "
+                             "with the same seed/data.seed, or start over without ckpt_path")
+        self.epoch = int(state["epoch"])
+        self._resume = (self.epoch, int(state["consumed"]) // self.num_replicas)  # global count: any world size
 
     def __len__(self) -> int:
         return self.num_samples
@@ -343,6 +363,8 @@ class PairDataModule(L.LightningDataModule):
         self.datasets: list[Any] | None = None
         self.read_stats: list[ReadStats | None] | None = None  # per source, after setup (None: streaming)
         self.train_set: PairDataset | StreamingPairDataset | None = None
+        self._sampler: EpochSampler | None = None  # the training loader's (its position is checkpointed)
+        self._sampler_state: Mapping[str, Any] | None = None  # from a checkpoint, applied to the next sampler
 
     # -------------------------------------------------------------------------------- properties
     @property
@@ -370,7 +392,7 @@ class PairDataModule(L.LightningDataModule):
     def rank_and_world(self) -> tuple[int, int]:
         if self._world_size is not None:
             return int(self._rank or 0), int(self._world_size)
-        trainer = getattr(self, "_trainer", None)
+        trainer = self.trainer
         if trainer is not None:
             return int(trainer.global_rank), int(trainer.world_size)
         if torch.distributed.is_available() and torch.distributed.is_initialized():
@@ -419,9 +441,14 @@ class PairDataModule(L.LightningDataModule):
     def sampler(self) -> EpochSampler:
         assert isinstance(self.train_set, PairDataset), "call setup() first (map-style sources)"
         rank, world = self.rank_and_world()
-        return EpochSampler(
+        sampler = EpochSampler(
             self.train_set.sizes, [s.weight for s in self.cfg.sources], seed=self.cfg.seed, num_replicas=world, rank=rank
         )
+        if self._sampler_state is not None:  # resuming: continue the checkpoint's epoch where it stopped
+            sampler.load_state_dict(self._sampler_state)
+            self._sampler_state = None
+        self._sampler = sampler
+        return sampler
 
     def train_dataloader(self) -> DataLoader:
         if self.collator is None:
@@ -462,4 +489,20 @@ class PairDataModule(L.LightningDataModule):
         }
 
     def state_dict(self) -> dict[str, Any]:
-        return {"fingerprint": self.fingerprint}
+        """Saved in every checkpoint by Lightning: the data fingerprint and where the epoch's order stands.
+
+        The collator/tokenizer need no state: every group and chunk-size draw is seeded from the batch's
+        sample keys, so the same keys give the same batch after a resume."""
+        state: dict[str, Any] = {"fingerprint": self.fingerprint}
+        trainer = self.trainer
+        if trainer is not None and self._sampler is not None:
+            # Batches training has taken from this epoch (the one being checkpointed included).
+            batches = trainer.fit_loop.epoch_loop.batch_progress.current.ready
+            state["sampler"] = self._sampler.state_dict(batches * self.cfg.batch_size)
+        return state
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if state.get("fingerprint") not in (None, self.fingerprint):
+            log.warning("resuming with different training data or sampling settings (fingerprint %s, was %s): "
+                        "the batches will differ from the interrupted run's", self.fingerprint, state["fingerprint"])
+        self._sampler_state = state.get("sampler")

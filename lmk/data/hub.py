@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from lmk.data.retrieval import RetrievalCorpus
+from lmk.files import follow_umask
 
 BGE_FULL_DATA_ID = "cfli/bge-full-data"
 LONGEMBED_ID = "dwzhu/LongEmbed"
@@ -255,6 +256,7 @@ def ensure_built_folder(
             log.info("building the %s into %s", what, folder)
         splits, shards, description, report = build()
         tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}."))
+        follow_umask(tmp, directory=True)  # mkdtemp makes it 0700
         try:
             files = write_bge_folder(tmp, splits, shards, description)
             meta = {"fingerprint": fingerprint, "files": files, "report": report}

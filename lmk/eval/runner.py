@@ -29,6 +29,7 @@ from lmk.eval.config import EvalConfig
 from lmk.eval.encoder import LmkEncoder
 from lmk.eval.scoring import group_scores, metric_key, per_query_scores, split_key, summarize_scores
 from lmk.eval.suites import build_tasks
+from lmk.files import follow_umask
 from lmk.loggers import quiet_progress_bars
 
 if TYPE_CHECKING:
@@ -44,6 +45,7 @@ def _write_json(path: Path, data: Any) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     with os.fdopen(fd, "w") as fh:
         json.dump(data, fh, indent=1, sort_keys=True)
+    follow_umask(tmp)  # mkstemp makes it 0600
     os.replace(tmp, path)  # atomic: a crash never leaves half a file
 
 

@@ -9,6 +9,8 @@
 4. aggregates `results.json` files into `<out>/table2.{md,tex,csv,json,png}` and prints the Markdown.
 
 Re-running skips rows whose results exist with the same config hash; `--force` recomputes all.
+`--seeds 0,1,2` trains every row once per seed (`<out>/train/<row>/seed<k>/`); the table then shows
+mean +- std over seeds and tests significance over seeds as well as over queries.
 `--dry-run` composes and validates every job and writes the exact commands to `<out>/*/jobs.json`
 without launching anything (the way to check a cluster sweep from a laptop).
 """
@@ -33,7 +35,8 @@ VALIDATORS = {"lmk.train": "lmk.config.validate", "lmk.evaluate": "lmk.evaluate.
 
 
 def sweep_command(entry: str, overrides: list[str], rows: list[Row] | dict[str, list[str]], folder: Path,
-                  scale: Scale, group: str, force: bool, dry_run: bool) -> list[str]:
+                  scale: Scale, group: str, force: bool, dry_run: bool,
+                  seeds: list[int] | None = None) -> list[str]:
     """The multirun command line for one block of rows (what a user could type themselves)."""
     folder.mkdir(parents=True, exist_ok=True)
     rows_file = folder / "rows.yaml"
@@ -46,6 +49,8 @@ def sweep_command(entry: str, overrides: list[str], rows: list[Row] | dict[str, 
         cmd.append(f"launcher={scale.launcher}")
     else:
         cmd.append("hydra.sweeper.max_batch_size=1")  # one row at a time locally: progress per row
+    if seeds:
+        cmd.append(f"hydra.sweeper.seeds=[{','.join(map(str, seeds))}]")
     if force:
         cmd.append("hydra.sweeper.force=true")
     if dry_run:
@@ -75,7 +80,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-zero-shot", action="store_true")
     parser.add_argument("--stage", choices=("all", "train", "eval", "table"), default="all",
                         help="run one stage: train (and zero-shot), eval (the scale's eval stage), table")
+    parser.add_argument("--seeds", default=None, help="comma-separated seeds: each fine-tuned row once per seed")
     args = parser.parse_args(argv)
+    try:
+        seeds = sorted({int(s) for s in args.seeds.split(",")}) if args.seeds else None
+    except ValueError:
+        parser.error(f"--seeds={args.seeds!r} is not valid; allowed values: comma-separated integers, e.g. 0,1,2")
 
     started = time.time()
     try:
@@ -103,8 +113,9 @@ def main(argv: list[str] | None = None) -> int:
         blocks.append(("zeroshot", "lmk.evaluate", scale.zero_shot_overrides, zero_shot_rows(rows)))
     failures = 0
     for name, entry, overrides, block_rows in blocks:
+        # Seeds vary training; the zero-shot block evaluates the untrained encoder once per row.
         cmd = sweep_command(entry, overrides, block_rows, out / name, scale, f"{group}-{name}",
-                            args.force, args.dry_run)
+                            args.force, args.dry_run, seeds if name == "train" else None)
         block_started = time.time()
         code = run_block(cmd, scale.env)
         status_file = out / name / "sweep_status.json"
@@ -123,7 +134,9 @@ def main(argv: list[str] | None = None) -> int:
     if scale.eval_stage and args.stage in ("all", "eval"):
         from lmk.experiments.eval_stage import run_stage
 
-        failures += run_stage(scale, [r.id for r in rows], out, f"{group}-eval", args.force, args.dry_run,
+        # with --seeds every seed's trained run (train/<row>/seed<k>) is evaluated
+        trained = [f"{r.id}/seed{s}" for r in rows for s in seeds] if seeds else [r.id for r in rows]
+        failures += run_stage(scale, trained, out, f"{group}-eval", args.force, args.dry_run,
                               sweep_command, run_block)
     if args.dry_run:
         for name, *_ in blocks:

@@ -3,7 +3,8 @@
 `python -m lmk.tables experiments/table2/spec.yaml --scale mini --out outputs/table2/mini`
 writes table2.{md,tex,csv,json,png} into the sweep folder and prints the Markdown. Every cell keeps
 its provenance (run folder, git commit, config hash); with per-query scores present, cells that differ
-significantly from the baseline row (paired t-test) are marked.
+significantly from the baseline row (paired t-test) are marked. A row run with several seeds
+(`lmk.sweep --seeds`) shows mean +- std over seeds, and is also tested over seeds (paired by seed).
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from lmk.results import STATUS_DONE, read_results
 log = logging.getLogger(__name__)
 BLOCKS = ("train", "zeroshot")  # sub-folders of a sweep folder: fine-tuned rows, untrained rows
 BLOCK_TITLES = {"train": "fine-tuned", "zeroshot": "zero-shot (untrained encoder)"}
-SIG_MARK = "\u2020"  # dagger
+SIG_MARK = "\u2020"  # dagger: over queries
+SEED_MARK = "\u2021"  # double dagger: over seeds
 
 
 class MixedResultsError(ValueError):
@@ -41,6 +43,9 @@ class RunRecord:
     groups: dict[str, float]
     per_query: dict[str, Any] | None = None
     group_tasks: dict[str, list[str]] = field(default_factory=dict)
+    seed: int | None = None
+    # seed -> group scores of each finished seed run (several only for a row run with --seeds)
+    seed_groups: dict[int, dict[str, float]] = field(default_factory=dict)
 
 
 @dataclass
@@ -52,6 +57,10 @@ class Cell:
     p_value: float | None = None
     significant: bool = False
     best: bool = False
+    std: float | None = None  # over seeds (None with a single seed)
+    n_seeds: int = 1
+    p_value_seeds: float | None = None
+    significant_seeds: bool = False
 
 
 @dataclass
@@ -80,8 +89,8 @@ def _row_of(results: dict[str, Any]) -> str | None:
 
 
 def collect_runs(folder: Path) -> dict[str, RunRecord]:
-    """Every row's run under `folder` (recursively). Refuses two configs for one row."""
-    records: dict[str, RunRecord] = {}
+    """Every row's run under `folder` (recursively), its seeds merged. Refuses two configs for one row and seed."""
+    records: dict[tuple[str, Any], RunRecord] = {}
     for path in sorted(folder.rglob("results.json")):
         results = read_results(path.parent)
         row = _row_of(results)
@@ -97,9 +106,11 @@ def collect_runs(folder: Path) -> dict[str, RunRecord]:
                         git_commit=results.get("git_commit"), status=results.get("status", "unknown"),
                         groups={k: float(v) for k, v in (ev.get("groups") or {}).items() if v is not None},
                         per_query=per_query,
-                        group_tasks=ev.get("group_tasks") or ((results.get("config") or {}).get("eval") or {}).get("groups") or {})
-        if row in records:
-            other = records[row]
+                        group_tasks=ev.get("group_tasks") or ((results.get("config") or {}).get("eval") or {}).get("groups") or {},
+                        seed=(results.get("config") or {}).get("seed"))
+        key = (row, rec.seed)
+        if key in records:
+            other = records[key]
             if other.config_hash != rec.config_hash:
                 raise MixedResultsError(
                     f"row {row!r} has results with two config hashes: {other.run_dir / 'results.json'} "
@@ -107,8 +118,33 @@ def collect_runs(folder: Path) -> dict[str, RunRecord]:
                 )
             if other.status == STATUS_DONE and rec.status != STATUS_DONE:
                 continue
-        records[row] = rec
-    return records
+        records[key] = rec
+    by_row: dict[str, list[RunRecord]] = {}
+    for (row, _), rec in sorted(records.items(), key=lambda kv: (kv[0][0], kv[0][1] is None, kv[0][1] or 0)):
+        by_row.setdefault(row, []).append(rec)
+    return {row: recs[0] if len(recs) == 1 else merge_seeds(recs) for row, recs in by_row.items()}
+
+
+def merge_seeds(recs: list[RunRecord]) -> RunRecord:
+    """One record for a row run with several seeds: group scores and per-query scores averaged over
+    the finished seeds; each seed's scores kept for the std and the test over seeds."""
+    done = [r for r in recs if r.status == STATUS_DONE]
+    if not done:
+        return recs[0]
+    groups = {g: sum(r.groups[g] for r in done) / len(done) for g in done[0].groups if all(g in r.groups for r in done)}
+    per_query = None
+    if all(r.per_query for r in done):
+        per_query = {}
+        for task, splits in done[0].per_query.items():
+            for split, scores in splits.items():
+                common = [q for q in scores if all(q in ((r.per_query.get(task) or {}).get(split) or {}) for r in done)]
+                per_query.setdefault(task, {})[split] = {
+                    q: sum(float(r.per_query[task][split][q]) for r in done) / len(done) for q in common}
+    first = done[0]
+    return RunRecord(row=first.row, run_dir=first.run_dir.parent, config_hash=first.config_hash,
+                     git_commit=first.git_commit, status=STATUS_DONE, groups=groups, per_query=per_query,
+                     group_tasks=first.group_tasks, seed=None,
+                     seed_groups={int(r.seed if r.seed is not None else i): r.groups for i, r in enumerate(done)})
 
 
 def fetch_wandb_runs(project: str, group: str, entity: str | None = None) -> dict[str, RunRecord]:
@@ -155,6 +191,25 @@ def paired_p_value(a: dict[Any, float], b: dict[Any, float]) -> float | None:
     return None if math.isnan(p) else p
 
 
+def _seed_vector(rec: RunRecord, groups: list[str]) -> dict[int, float]:
+    """seed -> the mean of `groups` in that seed's run (seeds missing a group are left out)."""
+    return {s: sum(g[k] for k in groups) / len(groups) for s, g in rec.seed_groups.items() if all(k in g for k in groups)}
+
+
+def _seed_stats(cell: Cell, rec: RunRecord, base: RunRecord | None, groups: list[str], alpha: float,
+                test: bool) -> None:
+    """Fill the std over seeds and the paired test over seeds (seed k of the row vs seed k of the baseline)."""
+    from statistics import stdev
+
+    mine = _seed_vector(rec, groups)
+    cell.n_seeds = max(len(mine), 1)
+    if len(mine) >= 2:
+        cell.std = stdev(mine.values())
+    if test and base is not None:
+        cell.p_value_seeds = paired_p_value(mine, _seed_vector(base, groups))
+        cell.significant_seeds = cell.p_value_seeds is not None and cell.p_value_seeds < alpha
+
+
 def _mean(values: list[float | None]) -> float | None:
     vals = [v for v in values if v is not None]
     return sum(vals) / len(vals) if vals and len(vals) == len(values) else None
@@ -182,17 +237,22 @@ def build_table(spec: TableSpec, scale_name: str, runs: dict[str, dict[str, RunR
                         else Cell(None)
                     continue
                 cell = Cell(rec.groups.get(col.group), str(rec.run_dir), rec.git_commit, rec.config_hash)
-                if base is not None and row.id != spec.baseline and base.status == STATUS_DONE:
+                test = base is not None and row.id != spec.baseline and base.status == STATUS_DONE
+                if test:
                     p = paired_p_value(_per_query_vector(rec, col.group), _per_query_vector(base, col.group))
                     cell.p_value = p
                     cell.significant = p is not None and p < spec.alpha
+                _seed_stats(cell, rec, base, [col.group], spec.alpha, test)
                 cells[col.group] = cell
             prov = {k: getattr(cells[scale.columns[0].group], k) for k in ("run_dir", "git_commit", "config_hash")}
-            for ctx in ("short", "long"):
-                ctx_cols = [c.group for c in scale.columns if c.context == ctx]
-                if ctx_cols:
-                    cells[f"avg-{ctx}"] = Cell(_mean([cells[g].value for g in ctx_cols]), **prov)
-            cells["avg"] = Cell(_mean([cells[c.group].value for c in scale.columns]), **prov)
+            averages = {f"avg-{ctx}": [c.group for c in scale.columns if c.context == ctx] for ctx in ("short", "long")}
+            averages["avg"] = [c.group for c in scale.columns]
+            for key, groups in averages.items():
+                if groups:
+                    cells[key] = Cell(_mean([cells[g].value for g in groups]), **prov)
+                    if rec is not None and rec.status == STATUS_DONE:
+                        test = base is not None and row.id != spec.baseline and base.status == STATUS_DONE
+                        _seed_stats(cells[key], rec, base, groups, spec.alpha, test)
             table_rows[row.id] = cells
         blocks[block] = table_rows
     table = Table(title=spec.title, columns=scale.columns, blocks=blocks,
@@ -218,8 +278,12 @@ def _fmt(cell: Cell | None, bold: tuple[str, str], mark: bool = True) -> str:
     if cell is None or cell.value is None:
         return "-"
     text = _shown(cell.value)
+    if cell.std is not None:
+        text += f" \u00b1 {100 * cell.std:.1f}"
     if mark and cell.significant:
         text += SIG_MARK
+    if mark and cell.significant_seeds:
+        text += SEED_MARK
     return f"{bold[0]}{text}{bold[1]}" if cell.best else text
 
 
@@ -237,14 +301,20 @@ def to_markdown(table: Table) -> str:
         lines.append("")
     lines.append(f"Bold: best per column. {SIG_MARK}: differs from {table.baseline!r} "
                  f"(paired t-test over per-query scores, p < {table.alpha}). Scores x100.")
+    seeds = max((c.n_seeds for rows in table.blocks.values() for cells in rows.values() for c in cells.values()),
+                default=1)
+    if seeds > 1:
+        lines.append(f"Mean \u00b1 std over up to {seeds} seeds; {SEED_MARK}: differs from {table.baseline!r} "
+                     f"over seeds (paired t-test, seed k vs seed k, p < {table.alpha}).")
     lines.append("")
     lines.append("Provenance (row: run folder, git commit, config hash):")
     for block, rows in table.blocks.items():
         for row_id, cells in rows.items():
             cell = cells.get("avg")
             if cell and cell.run_dir:
+                seeds = f" ({cell.n_seeds} seeds in seed*/)" if cell.n_seeds > 1 else ""
                 lines.append(f"- {block}/{row_id}: `{cell.run_dir}` commit `{(cell.git_commit or '?')[:12]}` "
-                             f"hash `{cell.config_hash}`")
+                             f"hash `{cell.config_hash}`{seeds}")
     return "\n".join(lines) + "\n"
 
 
@@ -255,7 +325,8 @@ def to_latex(table: Table) -> str:
     for block, rows in table.blocks.items():
         out += ["\\midrule", f"\\multicolumn{{{len(keys) + 1}}}{{l}}{{\\emph{{{BLOCK_TITLES.get(block, block)}}}}} \\\\"]
         for row_id, cells in rows.items():
-            vals = [_fmt(cells.get(k), ("\\textbf{", "}")).replace(SIG_MARK, "$^\\dagger$") for k, _ in keys]
+            vals = [_fmt(cells.get(k), ("\\textbf{", "}")).replace(SIG_MARK, "$^\\dagger$")
+                    .replace(SEED_MARK, "$^\\ddagger$").replace("\u00b1", "$\\pm$") for k, _ in keys]
             label = table.labels.get(row_id, row_id).replace("{", "\\{").replace("}", "\\}")
             out.append(f"{label} & " + " & ".join(vals) + " \\\\")
     out += ["\\bottomrule", "\\end{tabular}"]
@@ -276,7 +347,9 @@ def to_rows(table: Table) -> list[dict[str, Any]]:
                                 "value": None if cell.value is None else round(100 * cell.value, 2),
                                 "best": cell.best, "significant": cell.significant, "p_value": cell.p_value,
                                 "run_dir": cell.run_dir, "git_commit": cell.git_commit,
-                                "config_hash": cell.config_hash})
+                                "config_hash": cell.config_hash, "n_seeds": cell.n_seeds,
+                                "std": None if cell.std is None else round(100 * cell.std, 2),
+                                "p_value_seeds": cell.p_value_seeds, "significant_seeds": cell.significant_seeds})
     return records
 
 

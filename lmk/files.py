@@ -1,0 +1,21 @@
+"""File permissions that follow the umask.
+
+`tempfile.mkstemp` / `mkdtemp` create 0600 files and 0700 folders whatever the umask; renamed into
+place they would make results.json and cache folders private while everything else a run writes is
+0644/0755. `follow_umask` gives them the mode a plain `open` / `mkdir` would have.
+"""
+
+from __future__ import annotations
+
+import os
+
+
+def current_umask() -> int:
+    mask = os.umask(0)  # the only portable way to read it is to set it
+    os.umask(mask)
+    return mask
+
+
+def follow_umask(path: str | os.PathLike, directory: bool = False) -> None:
+    """chmod `path` to 0666 (files) or 0777 (folders) minus the umask."""
+    os.chmod(path, (0o777 if directory else 0o666) & ~current_umask())

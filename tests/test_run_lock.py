@@ -1,0 +1,119 @@
+"""One live run per run folder: a second run refuses (naming the owner), stale locks are taken over,
+a finished folder is reused only through ckpt_path=last or overwrite=true."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from lmk import run_lock
+from lmk.results import update_results
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_train import ENV, ROOT, in_process, overrides, results, write_pairs  # noqa: E402
+
+
+@pytest.fixture()
+def pairs(tmp_path: Path) -> Path:
+    return write_pairs(tmp_path / "pairs.jsonl")
+
+
+def _train(run_dir: Path, pairs: Path, *extra: str) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "lmk.train", *overrides(run_dir, pairs, *extra)]
+    return subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.mark.slow  # three real training processes: about 50 s on 2 busy cores
+def test_second_run_in_a_live_folder_refuses_and_a_killed_owner_is_stale(tmp_path, pairs):
+    run_dir = tmp_path / "run"
+    owner = _train(run_dir, pairs, "trainer.max_steps=100000", "seed=1")
+    try:
+        deadline = time.time() + 120
+        while not (run_dir / "metrics.csv").exists():  # A is training (its lock and .hydra/ are written)
+            assert owner.poll() is None and time.time() < deadline, owner.communicate()[1][-3000:]
+            time.sleep(0.5)
+        lock = json.loads((run_dir / run_lock.LOCK_FILE).read_text())
+        assert lock["pid"] == owner.pid and lock["host"] == socket.gethostname()
+        hydra_overrides = (run_dir / ".hydra" / "overrides.yaml").read_text()
+        second = _train(run_dir, pairs, "trainer.max_steps=2", "seed=2")
+        _, err = second.communicate(timeout=120)
+        assert second.returncode != 0
+        assert f"in use by another run: pid {owner.pid} on this host" in err, err[-3000:]
+        # B was refused before Hydra wrote its config: A's folder is untouched.
+        assert (run_dir / ".hydra" / "overrides.yaml").read_text() == hydra_overrides
+        assert results(run_dir)["status"] == "running" and owner.poll() is None
+    finally:
+        owner.send_signal(signal.SIGKILL)
+        owner.communicate()
+    # A died without releasing: its lock is stale, the next run takes the folder over.
+    third = _train(run_dir, pairs, "trainer.max_steps=1", "seed=3")
+    out, err = third.communicate(timeout=300)
+    assert third.returncode == 0, err[-3000:]
+    assert "stale lock" in err and results(run_dir)["status"] == "done"
+    assert "seed=3" in (run_dir / ".hydra" / "overrides.yaml").read_text()
+    assert not (run_dir / run_lock.LOCK_FILE).exists()  # released at the end
+
+
+def test_finished_folder_needs_resume_or_overwrite(tmp_path, pairs):
+    run_dir = tmp_path / "run"
+    in_process(run_dir, pairs, "trainer.max_steps=1")
+    with pytest.raises(run_lock.RunFolderBusy, match="finished run.*ckpt_path=last.*overwrite=true"):
+        in_process(run_dir, pairs, "trainer.max_steps=1")
+    assert results(run_dir)["status"] == "done"  # the refused run wrote nothing
+    # (ckpt_path=last on a finished folder: test_train.py::test_same_seed_same_metrics_and_resume_continues)
+    (run_dir / "metrics.csv").write_text("step,train/loss\n0,99.0\n")  # the old run's log: not appended to
+    in_process(run_dir, pairs, "trainer.max_steps=1", "overwrite=true")
+    assert results(run_dir)["metrics"]["global_step"] == 1 and results(run_dir)["status"] == "done"
+    assert "99.0" not in (run_dir / "metrics.csv").read_text()
+
+
+def _fake_lock(run_dir: Path, **record) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / run_lock.LOCK_FILE).write_text(json.dumps(record))
+
+
+def test_lock_of_a_dead_pid_is_stale_and_another_host_is_honoured(tmp_path):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    _fake_lock(tmp_path / "a", host=socket.gethostname(), pid=dead.pid, proc_start=1, started="then")
+    with pytest.warns(UserWarning, match="stale lock"):
+        assert run_lock.acquire(tmp_path / "a") == (tmp_path / "a" / run_lock.LOCK_FILE).resolve()
+    assert json.loads((tmp_path / "a" / run_lock.LOCK_FILE).read_text())["pid"] == os.getpid()
+    run_lock.acquire(tmp_path / "a")  # the owner taking it again is a no-op
+    run_lock.release(tmp_path / "a")
+    assert not (tmp_path / "a" / run_lock.LOCK_FILE).exists()
+    # A live pid whose start time differs is a reused pid: stale too.
+    _fake_lock(tmp_path / "b", host=socket.gethostname(), pid=os.getppid(), proc_start=1, started="then")
+    with pytest.warns(UserWarning, match="stale lock"):
+        run_lock.acquire(tmp_path / "b")
+    # Another host's lock cannot be checked from here: refused, with how to clear it.
+    _fake_lock(tmp_path / "c", host="node-17", pid=os.getpid(), started="then")
+    with pytest.raises(run_lock.RunFolderBusy, match=r"pid \d+ on host node-17 \(cannot be checked.*delete"):
+        run_lock.acquire(tmp_path / "c")
+
+
+def test_lock_being_written_is_not_stale_but_an_old_unreadable_one_is(tmp_path):
+    path = tmp_path / run_lock.LOCK_FILE
+    path.write_text("")  # another run between creating the lock and writing its record
+    with pytest.raises(run_lock.RunFolderBusy, match="another run is taking this folder right now"):
+        run_lock.acquire(tmp_path)
+    assert path.read_text() == ""
+    os.utime(path, (time.time() - 60, time.time() - 60))  # left half-written by a run that died long ago
+    with pytest.warns(UserWarning, match="stale lock"):
+        run_lock.acquire(tmp_path)
+    assert json.loads(path.read_text())["pid"] == os.getpid()
+
+
+def test_non_zero_ranks_never_lock(tmp_path, monkeypatch):
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    update_results(tmp_path, status="done")
+    assert run_lock.claim(tmp_path) is None and not (tmp_path / run_lock.LOCK_FILE).exists()
+
