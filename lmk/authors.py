@@ -80,7 +80,7 @@ def compose(overrides: Sequence[str], conf_dir: Path = CONF_DIR) -> tuple[Any, d
 
     with initialize_config_dir(config_dir=str(conf_dir), version_base=None):
         cfg = hydra_compose("train", overrides=[*overrides, *_COMPOSE_EXTRA])
-    return validate(cfg), to_container(cfg)
+    return validate(cfg, preflight=False), to_container(cfg)  # values only: data may live elsewhere
 
 
 def lookup(typed: Any, plain: dict[str, Any], key: str) -> Any:

@@ -79,3 +79,14 @@ def bos_eos_tokenizer():
 
     backend = _byte_level_bpe(["<s>", "</s>"])
     return PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>")
+
+
+@pytest.fixture(autouse=True)
+def _restore_lightning_rank():
+    """A Trainer built with a non-zero global rank (the submitit environment tests) sets Lightning's
+    process-wide `rank_zero_only.rank`; later tests in the same process would then log nothing."""
+    from lightning_utilities.core.rank_zero import rank_zero_only
+
+    rank = getattr(rank_zero_only, "rank", 0)
+    yield
+    rank_zero_only.rank = rank

@@ -51,8 +51,12 @@ def test_paper_dry_run_lists_the_eval_jobs(tmp_path: Path) -> None:
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     plan = json.loads((out / "eval" / "jobs.json").read_text())
-    assert len(plan["jobs"]) == 9 * 6  # 9 rows x 6 eval groups
-    assert "eval stage: 54 jobs" in proc.stdout
+    from lmk.experiments.spec import load_spec
+
+    spec = load_spec(ROOT / "experiments" / "table2" / "spec.yaml")
+    rows = spec.rows_for(spec.scale("paper"), None)  # the paper scale includes the optional control rows
+    assert len(plan["jobs"]) == len(rows) * 6  # rows x 6 eval groups
+    assert f"eval stage: {len(rows) * 6} jobs" in proc.stdout
     assert "cost estimate" in proc.stdout and "GPU-hours" in proc.stdout and "total" in proc.stdout
     assert not (out / "train").exists()  # --stage eval: the train stage is not planned
 

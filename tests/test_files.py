@@ -39,4 +39,6 @@ def test_offline_pairs_cache_folder_follows_umask(tmp_path, umask_022):
 
     folder = op.ensure_offline_pairs(tmp_path, max_rows=60)
     assert mode(folder) == 0o755
-    assert all(mode(f) == 0o644 for f in folder.iterdir())
+    entries = list(folder.rglob("*"))  # a BGE-layout repo: card, meta.json, data/<split>-*.parquet
+    assert any(f.suffix == ".parquet" for f in entries)
+    assert all(mode(f) == (0o755 if f.is_dir() else 0o644) for f in entries)
