@@ -51,8 +51,12 @@ def test_paper_dry_run_lists_the_eval_jobs(tmp_path: Path) -> None:
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     plan = json.loads((out / "eval" / "jobs.json").read_text())
-    assert len(plan["jobs"]) == 9 * 6  # 9 rows x 6 eval groups
-    assert "eval stage: 54 jobs" in proc.stdout
+    from lmk.experiments.spec import load_spec
+
+    spec = load_spec(ROOT / "experiments" / "table2" / "spec.yaml")
+    n_rows = len(spec.rows_for(spec.scale("paper")))  # every row, the optional controls included
+    assert len(plan["jobs"]) == n_rows * 6  # rows x 6 eval groups
+    assert f"eval stage: {n_rows * 6} jobs" in proc.stdout
     assert "cost estimate" in proc.stdout and "GPU-hours" in proc.stdout and "total" in proc.stdout
     assert not (out / "train").exists()  # --stage eval: the train stage is not planned
 
@@ -125,8 +129,9 @@ def test_eval_stage_offline_from_replicas_in_the_mirror(tmp_path: Path) -> None:
                            "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     ev = read_results(out / "train" / "cls")["eval"]
-    assert set(ev["stage"]["shards"]) == {"msmarco-dev", "beir15", "mldr-eng", "longembed6"}
-    assert set(ev["tasks"]) >= {"SciFact", "MSMARCO", "MultiLongDocRetrieval", "LEMBNeedleRetrieval"}
+    assert set(ev["stage"]["shards"]) == {"msmarco-dev", "beir15", "mteb-v2-retrieval", "coir", "mldr-eng", "longembed6"}
+    assert set(ev["tasks"]) >= {"SciFact", "MSMARCO", "ArguAna", "CQADupstackUnixRetrieval", "AppsRetrieval",
+                                "MultiLongDocRetrieval", "LEMBNeedleRetrieval"}
     assert all(0 <= v <= 1 for v in ev["groups"].values())
     shard = read_results(out / "eval" / "cls--beir15")
     assert shard["config"]["hub"]["mirror"] == str(mirror) and shard["status"] == "done"
