@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     try:  # the scale's hub mirror, filled before any job starts; every job reads it (hub.mirror)
         from lmk.experiments.hub_mirror import prepare
 
-        mirror_dir = prepare(scale, out, args.dry_run)
+        mirror_dir = prepare(scale, out, args.dry_run) if args.stage != "table" else None
     except SpecError as exc:
         print(f"[lmk.sweep] {exc}", file=sys.stderr)
         return 2
