@@ -129,8 +129,9 @@ def test_eval_stage_offline_from_replicas_in_the_mirror(tmp_path: Path) -> None:
                            "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     ev = read_results(out / "train" / "cls")["eval"]
-    assert set(ev["stage"]["shards"]) == {"msmarco-dev", "beir15", "mldr-eng", "longembed6"}
-    assert set(ev["tasks"]) >= {"SciFact", "MSMARCO", "MultiLongDocRetrieval", "LEMBNeedleRetrieval"}
+    assert set(ev["stage"]["shards"]) == {"msmarco-dev", "beir15", "mteb-v2-retrieval", "coir", "mldr-eng", "longembed6"}
+    assert set(ev["tasks"]) >= {"SciFact", "MSMARCO", "ArguAna", "CQADupstackUnixRetrieval", "AppsRetrieval",
+                                "MultiLongDocRetrieval", "LEMBNeedleRetrieval"}
     assert all(0 <= v <= 1 for v in ev["groups"].values())
     shard = read_results(out / "eval" / "cls--beir15")
     assert shard["config"]["hub"]["mirror"] == str(mirror) and shard["status"] == "done"

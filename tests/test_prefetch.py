@@ -200,7 +200,8 @@ def test_offline_check_names_whats_missing_then_passes_with_the_mirror(
     # a dataset in the hub cache counts too (what `prefetch` without --mirror fills)
     snap = empty_hf_cache / "hub" / "datasets--dwzhu--LongEmbed" / "snapshots" / "6e346642246bfb4928c560ee08640dc84d074e8c"
     snap.mkdir(parents=True)
-    write_replicas(root, [t for t in ("MultiLongDocRetrieval", "LEMBPasskeyRetrieval")], Sizes(n_queries=2, n_docs=4))
+    write_replicas(root, ["MultiLongDocRetrieval", "LEMBPasskeyRetrieval", "ArguAna", "CQADupstackUnixRetrieval",
+                          "AppsRetrieval"], Sizes(n_queries=2, n_docs=4))
     check_available(cfg)
 
 
@@ -253,6 +254,14 @@ def test_replicas_have_the_hub_layout(replica_mirror: Path) -> None:
     needle = datasets.load_dataset(str(replica_mirror / "datasets" / "dwzhu" / "LongEmbed"), name="needle")
     assert set(needle) == {"corpus", "queries", "qrels"}
     assert sorted(set(needle["queries"]["context_length"])) == [256, 512]
+    # MTEB v2 and COIR: the same beir layout under their own repos (COIR's owner is CoIR-Retrieval)
+    for repo in ("mteb/arguana", "mteb/cqadupstack-unix", "CoIR-Retrieval/apps"):
+        folder = replica_mirror / "datasets" / repo
+        assert sorted(datasets.get_dataset_config_names(str(folder))) == ["corpus", "default", "queries"], repo
+        assert datasets.get_dataset_split_names(str(folder), "default") == ["test"], repo
+    code = datasets.load_dataset(str(replica_mirror / "datasets" / "CoIR-Retrieval" / "apps"), "corpus", split="corpus")
+    assert code.column_names == ["_id", "title", "text"] and code.num_rows == 6
+    assert all(text.startswith(("def ", "async def ")) for text in code["text"])  # code documents, NL queries
     passkey = replica_mirror / "datasets" / "mteb" / "LEMBPasskeyRetrieval"
     assert datasets.get_dataset_split_names(str(passkey), "corpus") == ["test_256", "test_512"]
 
@@ -282,7 +291,8 @@ def test_real_mteb_tasks_evaluate_offline_from_the_replicas(replica_mirror: Path
         assert 0.0 <= entry["main_score"] <= 1.0, name
         assert all(0.0 <= v <= 1.0 for v in entry["splits"].values())
     assert set(section["tasks"]["LEMBNeedleRetrieval"]["splits"]) == {"test_256", "test_512"}
-    assert set(section["groups"]) == {"msmarco-dev", "beir15", "mldr-eng", "longembed6"}
+    assert set(section["groups"]) == {"msmarco-dev", "beir15", "mteb-v2-retrieval", "coir", "mldr-eng", "longembed6"}
+    assert {"ArguAna", "CQADupstackUnixRetrieval", "AppsRetrieval"} <= set(section["tasks"])
     # unload + reload (mteb drops instance metadata on unload): the mirror path must survive
     task = tasks[0]
     task.unload_data()

@@ -5,6 +5,7 @@ evaluation -> the table with the paper's columns."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,11 @@ from lmk.results import read_results
 
 ROOT = Path(__file__).resolve().parent.parent
 COLUMNS = ["MS MARCO dev", "BEIR-15", "MTEB v2", "COIR", "MLDR-eng", "LongEmbed-6"]
+GROUPS = ["msmarco-dev", "beir15", "mteb-v2-retrieval", "coir", "mldr-eng", "longembed6"]
+
+
+def _cells(line: str) -> list[str]:
+    return [c.strip() for c in line.strip().strip("|").split("|")]
 
 
 def test_rehearsal_composes_to_the_paper_config_with_only_sizes_changed():
@@ -39,6 +45,57 @@ def test_rehearsal_composes_to_the_paper_config_with_only_sizes_changed():
     assert rehearsal.trainer.devices == rehearsal.launcher.tasks_per_node == 2
     assert set(rehearsal.launcher) >= set(paper.launcher) - {"tasks_per_node"}  # the same launcher keys
     assert set(rehearsal.eval.groups) == set(paper.eval.groups)  # the paper's columns
+    for group, tasks in rehearsal.eval.groups.items():  # each column: some of the paper's own tasks
+        assert set(tasks) <= set(paper.eval.groups[group]), group
+    assert rehearsal.eval.in_training == paper.eval.in_training == "none"
+
+
+def test_rehearsal_scale_evaluates_in_a_stage_like_the_paper_reading_its_mirror():
+    from lmk.experiments.spec import load_spec
+
+    spec = load_spec(ROOT / "experiments" / "table2" / "spec.yaml")
+    paper, rehearsal = spec.scale("paper"), spec.scale("rehearsal")
+    assert rehearsal.eval_stage["overrides"] == ["eval=table2-rehearsal"]
+    assert rehearsal.eval_stage["shard_by"] == paper.eval_stage["shard_by"] == "group"
+    assert [c.label for c in rehearsal.columns] == [c.label for c in paper.columns] == COLUMNS
+    assert rehearsal.hub_mirror["replicas"] and rehearsal.env["HF_HUB_OFFLINE"] == "1"
+
+
+def test_sweep_writes_missing_replicas_into_the_scales_mirror_once(tmp_path):
+    from lmk.eval import mirror
+    from lmk.experiments.hub_mirror import prepare
+    from lmk.experiments.spec import Scale, SpecError
+
+    scale = Scale(name="s", columns=[], eval_stage={"overrides": ["eval=table2-rehearsal"]},
+                  hub_mirror={"path": "m", "replicas": {"n_queries": 2, "n_docs": 4, "lengths": [256]}})
+    assert prepare(scale, tmp_path, dry_run=True) == tmp_path / "m" and not (tmp_path / "m").exists()
+    root = prepare(scale, tmp_path)
+    assert root == tmp_path / "m"
+    repos = {e["repo_id"] for e in mirror.read_manifest(root)["artifacts"]}
+    assert {"mteb/scifact", "mteb/arguana", "CoIR-Retrieval/apps", "dwzhu/LongEmbed"} <= repos
+    stamp = (root / mirror.MANIFEST).stat().st_mtime_ns
+    assert prepare(scale, tmp_path) == root
+    assert (root / mirror.MANIFEST).stat().st_mtime_ns == stamp  # present: nothing rewritten
+    # a user-filled mirror (replicas: false) must exist; the error names the command that fills it
+    user = Scale(name="paper", columns=[], hub_mirror={"path": str(tmp_path / "none")})
+    with pytest.raises(SpecError, match="make prefetch SCALE=paper MIRROR="):
+        prepare(user, tmp_path)
+    with pytest.raises(SpecError, match="unknown hub_mirror keys"):
+        prepare(Scale(name="s", columns=[], hub_mirror={"dir": "x"}), tmp_path)
+
+
+def test_sweep_passes_the_mirror_to_every_job(tmp_path):
+    out = tmp_path / "dry"
+    proc = subprocess.run([sys.executable, "-m", "lmk.sweep", "experiments/table2/spec.yaml", "--scale", "rehearsal",
+                           "--out", str(out), "--rows", "cls", "--dry-run"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    flag = f"hub.mirror={out / 'hub-mirror'}"
+    train = json.loads((out / "train" / "jobs.json").read_text())
+    assert flag in json.dumps(train)
+    jobs = json.loads((out / "eval" / "jobs.json").read_text())["jobs"]
+    assert len(jobs) == 6 and all(flag in j["overrides"] for j in jobs)
+    assert not (out / "hub-mirror").exists()  # a dry run writes nothing
 
 
 def _flat(node, prefix: str = "") -> dict:
@@ -56,7 +113,7 @@ def _flat(node, prefix: str = "") -> dict:
 # else that differs from the paper config fails here, so the rehearsal keeps exercising the paper's path.
 REHEARSAL_CHANGES = {
     "name", "encoder.name", "encoder.source", "encoder.model_id", "encoder.config_overrides", "encoder.max_positions",
-    "encoder.seed",
+    "encoder.seed", "encoder.architecture", "encoder.config", "encoder.tokenizer",  # how the random stand-in is built
     "data.sources", "data.batch_size", "data.group_size", "data.query_max_length", "data.passage_max_length",
     "data.max_rows", "data.num_workers",
     "eval", "train.warmup_steps", "train.grad_cache_chunk", "train.checkpoint_every_n_steps",
@@ -87,9 +144,21 @@ def test_rehearsal_row_runs_end_to_end(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     header = next(line for line in proc.stdout.splitlines() if line.startswith("| Pooling"))
     assert all(c in header for c in COLUMNS)
+    cells = dict(zip(_cells(header), _cells(next(line for line in proc.stdout.splitlines()
+                                                 if line.startswith("| CLS |"))), strict=True))
+    for column in COLUMNS:  # a number in each of the paper's six columns, not "-"
+        assert re.fullmatch(r"\**\d+\.\d\**[†]?", cells[column]), (column, cells[column])
     res = read_results(out / "train" / "cls")
     assert res["status"] == "done" and res["metrics"]["global_step"] == 3
-    assert set(res["eval"]["groups"]) >= {"msmarco-dev", "longembed6"}
+    # the eval stage, as at paper scale: training evaluated nothing, one lmk.evaluate job per group merged
+    assert res["config"]["eval"]["in_training"] == "none"
+    assert set(res["eval"]["groups"]) == set(GROUPS)
+    assert set(res["eval"]["stage"]["shards"].values()) == {"done"}
+    assert {"ArguAna", "CQADupstackUnixRetrieval", "AppsRetrieval", "LEMBWikimQARetrieval"} <= set(res["eval"]["tasks"])
+    # ... reading the replicas the sweep wrote into the scale's hub mirror (hub.mirror, HF_HUB_OFFLINE=1)
+    shard = read_results(out / "eval" / "cls--coir")
+    assert shard["status"] == "done" and shard["config"]["hub"]["mirror"] == str(out / "hub-mirror")
+    assert (out / "hub-mirror" / "datasets" / "CoIR-Retrieval" / "apps" / "README.md").is_file()
     # two ranks started by submitit (not by Lightning), talking over gloo
     logs = sorted((out / "train" / ".submitit").glob("*/*_log.out"))
     assert len(logs) == 2

@@ -7,8 +7,9 @@ names each config's parquet files, as on the hub. The content is the project's o
 mean nothing about the paper; what they exercise is the exact path a cluster user takes offline.
 
 Layouts (how mteb 2.26 reads each repo):
-- `beir` (`RetrievalDatasetLoader`: SciFact `mteb/scifact`, MSMARCO `mteb/msmarco`, LEMBPasskeyRetrieval
-  `mteb/LEMBPasskeyRetrieval`): configs `corpus` (`_id`, `title`, `text`), `queries` (`_id`, `text`) and
+- `beir` (`RetrievalDatasetLoader`: SciFact `mteb/scifact`, MSMARCO `mteb/msmarco`, ArguAna `mteb/arguana`,
+  CQADupstackUnixRetrieval `mteb/cqadupstack-unix`, the COIR task AppsRetrieval `CoIR-Retrieval/apps`,
+  LEMBPasskeyRetrieval `mteb/LEMBPasskeyRetrieval`): configs `corpus` (`_id`, `title`, `text`), `queries` (`_id`, `text`) and
   `default` (qrels: `query-id`, `corpus-id`, `score`), split per eval split (one shared `corpus` / `queries`
   split when the task has a single eval split);
 - `beir-lang` (MultiLongDocRetrieval `mteb/MultiLongDocRetrieval`, subset `en`): the same with configs
@@ -78,6 +79,52 @@ def _long(seed: int) -> Callable[[Sizes], dict[str, RetrievalCorpus]]:
     return build
 
 
+def _code(seed: int) -> Callable[[Sizes], dict[str, RetrievalCorpus]]:
+    """Text-to-code retrieval (the COIR shape): query = a standard-library function's docstring summary,
+    document = that function's source without its docstring."""
+    def build(s: Sizes) -> dict[str, RetrievalCorpus]:
+        import numpy as np
+
+        from lmk.data.retrieval import RetrievalCorpus
+
+        pool = _code_pool(max(4 * s.n_docs, 64))
+        if len(pool) < s.n_docs:
+            raise ValueError(f"code replica: only {len(pool)} documented stdlib functions found, {s.n_docs} asked")
+        rng = np.random.default_rng(s.seed + seed)
+        pick = sorted(int(i) for i in rng.choice(len(pool), size=s.n_docs, replace=False))
+        corpus = [{"id": f"code{i}", "text": pool[i][1]} for i in pick]
+        queries = [{"id": f"q{i}", "text": pool[i][0]} for i in pick[:s.n_queries]]
+        qrels = {f"q{i}": {f"code{i}": 1} for i in pick[:s.n_queries]}
+        return {"_": RetrievalCorpus.from_records("CodeReplica", "test", corpus, queries, qrels)}
+    return build
+
+
+def _code_pool(size: int) -> list[tuple[str, str]]:
+    """(docstring summary, function source without its docstring) for the first `size` documented
+    functions of the standard library's `json`, `email`, `http` ... packages, in a fixed order."""
+    import ast
+    import sysconfig
+
+    out: list[tuple[str, str]] = []
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    for package in ("json", "email", "http", "logging", "urllib", "xml", "concurrent", "importlib"):
+        for path in sorted((stdlib / package).rglob("*.py")):
+            try:
+                tree = ast.parse(path.read_text(encoding="utf-8"))
+            except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+                continue
+            for node in ast.walk(tree):
+                doc = ast.get_docstring(node) if isinstance(node, ast.FunctionDef) else None
+                summary = " ".join(doc.split("\n\n", 1)[0].split()) if doc else ""
+                if len(summary.split()) < 4 or len(node.body) < 2:
+                    continue
+                node.body = node.body[1:]  # the docstring is the query, not part of the document
+                out.append((summary, ast.unparse(node)[:2000]))
+                if len(out) >= size:
+                    return out
+    return out
+
+
 def _passkey(s: Sizes) -> dict[str, RetrievalCorpus]:
     from lmk.data.longembed import generate_passkey, split_name
 
@@ -96,6 +143,9 @@ def _needle(s: Sizes) -> dict[str, RetrievalCorpus]:
 REPLICAS: dict[str, Replica] = {r.task: r for r in (
     Replica("SciFact", "beir", _short(1)),
     Replica("MSMARCO", "beir", _short(2)),
+    Replica("ArguAna", "beir", _short(8)),
+    Replica("CQADupstackUnixRetrieval", "beir", _short(9)),
+    Replica("AppsRetrieval", "beir", _code(10)),
     Replica("MultiLongDocRetrieval", "beir-lang", _long(3), config="en"),
     Replica("LEMBPasskeyRetrieval", "beir", _passkey),
     Replica("LEMBNeedleRetrieval", "longembed", _needle, config="needle"),

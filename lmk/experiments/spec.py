@@ -58,6 +58,8 @@ class Scale:
     # The evaluation stage (lmk.experiments.eval_stage): {overrides: [lmk.evaluate overrides, e.g. eval=table2-paper],
     # shard_by: group | task, launcher_overrides: [...]}; empty: the training jobs evaluate.
     eval_stage: dict[str, Any] = field(default_factory=dict)
+    # The folder of hub repos every job reads offline (lmk.experiments.hub_mirror): {path, replicas}.
+    hub_mirror: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -110,6 +112,7 @@ def load_spec(path: str | Path) -> TableSpec:
                 launcher=s.get("launcher"), env={str(k): str(v) for k, v in (s.get("env") or {}).items()},
                 description=str(s.get("description", "")).strip(),
                 eval_stage=dict(s.get("eval_stage") or {}),
+                hub_mirror=dict(s.get("hub_mirror") or {}),
             )
     except (KeyError, TypeError) as exc:
         raise SpecError(f"{path}: malformed spec ({exc}); see experiments/table2/spec.yaml") from exc

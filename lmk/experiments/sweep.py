@@ -18,6 +18,7 @@ without launching anything (the way to check a cluster sweep from a laptop).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shlex
@@ -108,9 +109,21 @@ def main(argv: list[str] | None = None) -> int:
     group = f"{spec.name}-{args.scale}"
     print(f"[lmk.sweep] {spec.name} at scale {args.scale!r}: {len(rows)} rows -> {out}", flush=True)
 
-    blocks = [("train", "lmk.train", scale.train_overrides, rows)] if args.stage in ("all", "train") else []
+    try:  # the scale's hub mirror, filled before any job starts; every job reads it (hub.mirror)
+        from lmk.experiments.hub_mirror import prepare
+
+        mirror_dir = prepare(scale, out, args.dry_run) if args.stage != "table" else None
+    except SpecError as exc:
+        print(f"[lmk.sweep] {exc}", file=sys.stderr)
+        return 2
+    hub = [f"hub.mirror={mirror_dir}"] if mirror_dir else []
+    if hub and scale.eval_stage:
+        scale = dataclasses.replace(scale, eval_stage={**scale.eval_stage,
+                                                       "overrides": [*scale.eval_stage.get("overrides", []), *hub]})
+
+    blocks = [("train", "lmk.train", [*scale.train_overrides, *hub], rows)] if args.stage in ("all", "train") else []
     if scale.zero_shot and not args.no_zero_shot and args.stage in ("all", "train"):
-        blocks.append(("zeroshot", "lmk.evaluate", scale.zero_shot_overrides, zero_shot_rows(rows)))
+        blocks.append(("zeroshot", "lmk.evaluate", [*scale.zero_shot_overrides, *hub], zero_shot_rows(rows)))
     failures = 0
     for name, entry, overrides, block_rows in blocks:
         # Seeds vary training; the zero-shot block evaluates the untrained encoder once per row.
