@@ -446,13 +446,38 @@ def prefetch(artifacts: Iterable[Artifact], mirror_dir: str | os.PathLike | None
     return entries
 
 
+def _write_scale_replicas(args: argparse.Namespace) -> int | None:
+    """A scale whose `hub_mirror` says `replicas` (the rehearsal) stands local replicas in for the downloads:
+    prefetch writes them where the sweep's jobs will look (the --mirror folder, else the scale's own)."""
+    import dataclasses
+
+    from lmk.experiments.hub_mirror import prepare
+    from lmk.experiments.spec import load_spec
+
+    spec = load_spec(args.spec)
+    scale = spec.scale(args.scale)
+    if not (scale.hub_mirror or {}).get("replicas"):
+        return None
+    if args.mirror:
+        scale = dataclasses.replace(scale, hub_mirror={**scale.hub_mirror, "path": str(Path(args.mirror).resolve())})
+    root = prepare(scale, Path(args.out or f"outputs/{spec.name}/{args.scale}"), dry_run=args.dry_run)
+    print(f"[lmk.prefetch] scale {args.scale!r} reads offline replicas, nothing to download: "
+          f"{'would write' if args.dry_run else 'wrote'} them into {root}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Download everything a sweep's jobs load, for offline compute nodes.")
     parser.add_argument("spec", help="table spec, e.g. experiments/table2/spec.yaml")
     parser.add_argument("--scale", default="paper")
     parser.add_argument("--mirror", default=None, help="a folder mirror (default: the Hugging Face cache)")
     parser.add_argument("--dry-run", action="store_true", help="list what would be fetched and what is on disk")
+    parser.add_argument("--out", default=None, help="the sweep folder a relative hub_mirror path is under "
+                        "(default outputs/<table>/<scale>, as lmk.sweep)")
     args = parser.parse_args(argv)
+    replicated = _write_scale_replicas(args)
+    if replicated is not None:
+        return replicated
     arts = scale_artifacts(args.spec, args.scale)
     print(f"[lmk.prefetch] scale {args.scale!r}: {len(arts)} artifacts", flush=True)
     entries = prefetch(arts, args.mirror, dry_run=args.dry_run)

@@ -84,6 +84,18 @@ def test_sweep_writes_missing_replicas_into_the_scales_mirror_once(tmp_path):
         prepare(Scale(name="s", columns=[], hub_mirror={"dir": "x"}), tmp_path)
 
 
+def test_prefetch_of_the_rehearsal_writes_its_replicas_and_downloads_nothing(tmp_path):
+    from lmk.eval import mirror
+    from lmk.prefetch import main
+
+    assert main(["experiments/table2/spec.yaml", "--scale", "rehearsal", "--mirror", str(tmp_path / "m"),
+                 "--dry-run"]) == 0
+    assert not (tmp_path / "m").exists()  # a dry run writes nothing
+    assert main(["experiments/table2/spec.yaml", "--scale", "rehearsal", "--mirror", str(tmp_path / "m")]) == 0
+    repos = {e["repo_id"] for e in mirror.read_manifest(tmp_path / "m")["artifacts"]}
+    assert {"mteb/msmarco", "mteb/MultiLongDocRetrieval", "CoIR-Retrieval/apps", "dwzhu/LongEmbed"} <= repos
+
+
 def test_sweep_passes_the_mirror_to_every_job(tmp_path):
     out = tmp_path / "dry"
     proc = subprocess.run([sys.executable, "-m", "lmk.sweep", "experiments/table2/spec.yaml", "--scale", "rehearsal",
