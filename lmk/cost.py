@@ -27,6 +27,8 @@ from dataclasses import asdict, dataclass, field
 from importlib import resources
 from typing import Any
 
+from lmk.schema import get_key
+
 GIB = 1024**3
 # Hub ids whose configuration ships with lmk (architecture facts, no weights): lmk/resources/<name>/config.json
 SHIPPED_CONFIGS = {"answerdotai/ModernBERT-base": "modernbert-base"}
@@ -268,12 +270,7 @@ def estimate_memory(
 
 
 # ---- from a composed job config -----------------------------------------------------------------
-def _get(node: Any, key: str, default: Any = None) -> Any:
-    if node is None:
-        return default
-    if isinstance(node, Mapping):
-        return node.get(key, default)
-    return getattr(node, key, default)
+_get = get_key
 
 
 def encoder_shape(encoder: Any) -> EncoderShape:

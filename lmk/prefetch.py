@@ -26,7 +26,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +35,7 @@ from lmk.data.config import LOCAL_SOURCE as LOCAL_DATA
 from lmk.data.config import is_named_source
 from lmk.eval import mirror
 from lmk.eval.config import LOCAL_TASKS, EvalConfig
+from lmk.schema import get_key
 
 log = logging.getLogger(__name__)
 
@@ -71,12 +72,7 @@ class Artifact:
 
 
 # ------------------------------------------------------------------------------------------ listing
-def _get(node: Any, key: str, default: Any = None) -> Any:
-    if node is None:
-        return default
-    if isinstance(node, Mapping):
-        return node.get(key, default)
-    return getattr(node, key, default)
+_get = get_key
 
 
 def _plain(node: Any) -> Any:

@@ -29,8 +29,9 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 LOCK_FILE = "run.lock"
-# Env vars launchers set on non-zero ranks (Lightning's DDP children, torchrun, SLURM tasks).
-_RANK_VARS = ("RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK")
+# Env vars launchers set on non-zero ranks (Lightning's DDP children, torchrun, SLURM tasks, the tasks of
+# submitit's local executor: without the last, rank 1 of a rehearsal found rank 0's lock and quit).
+_RANK_VARS = ("RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK", "SUBMITIT_LOCAL_GLOBALID")
 
 
 class RunFolderBusy(RuntimeError):

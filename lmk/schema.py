@@ -16,6 +16,17 @@ def plain(value: Any) -> Any:
     return value
 
 
+def get_key(node: Any, key: str, default: Any = None) -> Any:
+    """`node[key]` for a mapping, `node.key` for a dataclass / DictConfig; `default` when absent or None node."""
+    from collections.abc import Mapping
+
+    if node is None:
+        return default
+    if isinstance(node, Mapping):
+        return node.get(key, default)
+    return getattr(node, key, default)
+
+
 class Coercible:
     """Mixin for config dataclasses: `coerce(x)` and `to_dict()`."""
 

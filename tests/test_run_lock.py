@@ -112,8 +112,9 @@ def test_lock_being_written_is_not_stale_but_an_old_unreadable_one_is(tmp_path):
     assert json.loads(path.read_text())["pid"] == os.getpid()
 
 
-def test_non_zero_ranks_never_lock(tmp_path, monkeypatch):
-    monkeypatch.setenv("LOCAL_RANK", "1")
+@pytest.mark.parametrize("var", ["LOCAL_RANK", "SLURM_PROCID", "SUBMITIT_LOCAL_GLOBALID"])
+def test_non_zero_ranks_never_lock(tmp_path, monkeypatch, var):
+    monkeypatch.setenv(var, "1")  # Lightning's DDP children, SLURM tasks, submitit's local tasks
     update_results(tmp_path, status="done")
     assert run_lock.claim(tmp_path) is None and not (tmp_path / run_lock.LOCK_FILE).exists()
 
