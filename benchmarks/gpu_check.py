@@ -20,6 +20,7 @@ written to <out>/gpu_check.json; its "throughput" section is what the cost estim
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import os
@@ -216,6 +217,7 @@ def check_encode(smoke: bool, work: Path) -> dict[str, Any]:
 
 def check_rehearsal(smoke: bool, work: Path) -> dict[str, Any]:
     """The rehearsal's first row through `lmk.train` on this device (one process: one GPU here)."""
+    from lmk.experiments.hub_mirror import prepare
     from lmk.experiments.spec import load_spec
     from lmk.results import read_results
 
@@ -223,10 +225,15 @@ def check_rehearsal(smoke: bool, work: Path) -> dict[str, Any]:
     scale = spec.scale("rehearsal")
     row = spec.rows_for(scale)[0]
     run_dir = work / "rehearsal" / row.id
+    # The sweep evaluates in a stage of its own; one process here evaluates at fit end instead, reading the
+    # replicas the sweep would write into its hub mirror (offline, like a compute node).
+    with contextlib.redirect_stdout(sys.stderr):  # stdout carries only the JSON report
+        mirror = prepare(scale, work / "rehearsal")
     accel = ["trainer.accelerator=cpu"] if smoke else ["trainer.accelerator=gpu"]
     cmd = [sys.executable, "-m", "lmk.train", *scale.train_overrides, *row.overrides, f"++row={row.id}",
            "launcher=local", "trainer.devices=1", "trainer.num_nodes=1", "trainer.strategy=auto", *accel,
-           "logger=csv", f"hydra.run.dir={run_dir}"]
+           "logger=csv", f"hydra.run.dir={run_dir}", "eval.in_training=all",
+           *([f"hub.mirror={mirror}"] if mirror else [])]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, **scale.env})
     wall = time.perf_counter() - t0
