@@ -20,9 +20,8 @@ from typing import Any
 
 import yaml
 
-from lmk.config import effective_batch, to_container, validate
+from lmk.config import CONF_DIR, effective_batch, to_container, validate
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 START, END = "<!-- authors-table:start -->", "<!-- authors-table:end -->"
 # overrides every composition needs outside a Hydra run (no output dir, no row)
 _COMPOSE_EXTRA = ("row=authors", "run_dir=authors-check")

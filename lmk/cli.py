@@ -12,10 +12,10 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+from lmk.config import CONF_DIR
+
 # Flags that make Hydra do something other than compose-and-run: left entirely to Hydra.
 _HYDRA_ONLY = ("help", "hydra_help", "version", "cfg", "shell_completion", "info", "config_path",
                "config_name", "config_dir", "experimental_rerun", "multirun")

@@ -15,6 +15,7 @@ import types
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal, Union
 
 from hydra.errors import CompactHydraException
@@ -23,6 +24,9 @@ PRECISIONS = ("32", "32-true", "64", "64-true", "16", "16-mixed", "bf16", "bf16-
               "transformer-engine")
 ACCELERATORS = ("cpu", "gpu", "cuda", "mps", "tpu", "auto")
 LOGGERS = ("wandb", "csv", "none")
+
+# The Hydra config groups (conf/): every module that composes a config outside Hydra's own entry points.
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 
 
 class ConfigError(CompactHydraException, ValueError):

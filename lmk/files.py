@@ -7,7 +7,11 @@ place they would make results.json and cache folders private while everything el
 
 from __future__ import annotations
 
+import json
 import os
+import tempfile
+from pathlib import Path
+from typing import Any
 
 
 def current_umask() -> int:
@@ -19,3 +23,15 @@ def current_umask() -> int:
 def follow_umask(path: str | os.PathLike, directory: bool = False) -> None:
     """chmod `path` to 0666 (files) or 0777 (folders) minus the umask."""
     os.chmod(path, (0o777 if directory else 0o666) & ~current_umask())
+
+
+def write_json(path: str | os.PathLike, data: Any, indent: int = 2) -> None:
+    """Write `data` as JSON atomically (temp file in the same folder, then rename: a crash never leaves half
+    a file, and two writers never share a temp name), with the permissions the umask gives."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    with os.fdopen(fd, "w") as fh:
+        json.dump(data, fh, indent=indent, sort_keys=True, default=str)
+    follow_umask(tmp)  # mkstemp makes it 0600
+    os.replace(tmp, path)

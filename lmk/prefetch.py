@@ -374,9 +374,10 @@ def _compose_jobs(spec_path: str, scale_name: str) -> list[tuple[str, Any]]:
     spec = load_spec(spec_path)
     scale = spec.scale(scale_name)
     rows = spec.rows_for(scale, None)
-    conf = Path(__file__).resolve().parent.parent / "conf"
+    from lmk.config import CONF_DIR
+
     jobs = []
-    with initialize_config_dir(config_dir=str(conf), version_base=None):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
         for row in rows:
             jobs.append((f"train/{row.id}", compose("train", overrides=[*scale.train_overrides, *row.overrides,
                                                                         f"row={row.id}"])))

@@ -10,13 +10,12 @@ import hashlib
 import json
 import os
 import subprocess
-import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from lmk.files import follow_umask
+from lmk.files import write_json
 
 RESULTS_FILE = "results.json"
 
@@ -50,12 +49,7 @@ def update_results(run_dir: str | os.PathLike, *, fresh: bool = False, **section
     run_dir.mkdir(parents=True, exist_ok=True)
     merged = _deep_merge({} if fresh else read_results(run_dir), sections)
     merged["updated_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    # Write to a temp file then rename: a crash mid-write never leaves a truncated results.json.
-    fd, tmp = tempfile.mkstemp(dir=run_dir, prefix=".results.", suffix=".json")
-    with os.fdopen(fd, "w") as fh:
-        json.dump(merged, fh, indent=2, sort_keys=True, default=str)
-    follow_umask(tmp)  # mkstemp makes it 0600
-    os.replace(tmp, run_dir / RESULTS_FILE)
+    write_json(run_dir / RESULTS_FILE, merged)  # atomic: a crash mid-write never truncates results.json
     return merged
 
 

@@ -20,7 +20,9 @@ if TYPE_CHECKING:  # imported lazily at run time: analysis sits above model / da
 def _conf_dir(conf_dir: str | Path | None) -> Path:
     if conf_dir is not None:
         return Path(conf_dir)
-    return Path(__file__).resolve().parents[2] / "conf"
+    from lmk.config import CONF_DIR
+
+    return CONF_DIR
 
 
 def _load_cfg(conf: Path, group: str, name: str) -> Any:

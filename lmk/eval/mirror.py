@@ -21,6 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from lmk.files import write_json
+
 ENV_VAR = "LMK_HUB_MIRROR"
 MANIFEST = "lmk_manifest.json"
 KINDS = ("dataset", "model")
@@ -88,9 +90,7 @@ def record(root: str | os.PathLike, entries: list[dict[str, Any]]) -> Path:
         keyed[(e["kind"], e["repo_id"], e.get("config"))] = dict(e, recorded=time.strftime("%Y-%m-%dT%H:%M:%S"))
     data["artifacts"] = sorted(keyed.values(), key=lambda e: (e["kind"], e["repo_id"], str(e.get("config"))))
     path = root / MANIFEST
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-    os.replace(tmp, path)
+    write_json(path, data, indent=1)  # atomic; a unique temp name (two prefetches never share one)
     return path
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -29,7 +28,7 @@ from lmk.eval.config import EvalConfig
 from lmk.eval.encoder import LmkEncoder
 from lmk.eval.scoring import group_scores, metric_key, per_query_scores, split_key, summarize_scores
 from lmk.eval.suites import build_tasks
-from lmk.files import follow_umask
+from lmk.files import write_json
 from lmk.loggers import quiet_progress_bars
 
 if TYPE_CHECKING:
@@ -41,12 +40,7 @@ PER_QUERY_FILE = "per_query.json"
 
 
 def _write_json(path: Path, data: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as fh:
-        json.dump(data, fh, indent=1, sort_keys=True)
-    follow_umask(tmp)  # mkstemp makes it 0600
-    os.replace(tmp, path)  # atomic: a crash never leaves half a file
+    write_json(path, data, indent=1)  # atomic, umask permissions
 
 
 def _read_json(path: Path) -> dict[str, Any]:

@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -58,12 +59,12 @@ def encoder_shape(encoder: Any) -> Any:
     """The encoder's shape from its config (lmk.cost.encoder_shape: shipped, local or cached config.json,
     random-init sizes); a hub id whose config is not on disk yet falls back to the table above."""
     from lmk.cost import encoder_shape as from_config
+    from lmk.schema import get_key
 
     try:
         return from_config(encoder)
     except (ValueError, OSError) as err:
-        get = (lambda k, d=None: encoder.get(k, d)) if isinstance(encoder, Mapping) else \
-            (lambda k, d=None: getattr(encoder, k, d))
+        get = functools.partial(get_key, encoder)
         for key in (get("model_id"), get("package"), get("tokenizer")):
             if key in KNOWN_SHAPES:
                 return Shape(*KNOWN_SHAPES[key])
@@ -237,8 +238,9 @@ def sweep_estimate(spec_path: str, scale_name: str, rows: Sequence[str], gpu: st
     scale = spec.scale(scale_name)
     by_id = {r.id: r for r in spec.rows}
     first = by_id[rows[0]]
-    conf = Path(__file__).resolve().parents[2] / "conf"
-    with initialize_config_dir(config_dir=str(conf), version_base=None):
+    from lmk.config import CONF_DIR
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
         cfg = compose("train", overrides=[*scale.train_overrides, *first.overrides, f"row={first.id}"])
         stage = scale.eval_stage or {}
         if stage:

@@ -156,8 +156,9 @@ def stage_suite(overrides: Sequence[str]) -> EvalConfig:
     """The eval suite the stage's `lmk.evaluate` overrides compose to."""
     from hydra import compose, initialize_config_dir
 
-    conf = Path(__file__).resolve().parents[2] / "conf"
-    with initialize_config_dir(config_dir=str(conf), version_base=None):
+    from lmk.config import CONF_DIR
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
         cfg = compose("evaluate", overrides=list(overrides))
     return EvalConfig.from_cfg(cfg.eval)
 

@@ -13,7 +13,8 @@ from typing import Any
 
 import yaml
 
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+from lmk.config import CONF_DIR
+
 CONTEXTS = ("short", "long")
 
 
