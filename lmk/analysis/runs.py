@@ -66,7 +66,7 @@ def _load_run(run_dir: Path, device: str) -> EmbeddingModel:
     """A run folder's model: its export/, else its last checkpoint (a sweep at tiny scale exports nothing)."""
     if (run_dir / "export").is_dir():
         return _load_export(run_dir / "export", device)
-    from lmk.evaluate import load_model  # rebuilds the model from the run's .hydra config + checkpoint
+    from lmk.loading import load_model  # rebuilds the model from the run's .hydra config + checkpoint
 
     model, _ = load_model(run_dir)
     return model.to(device).eval()
