@@ -4,7 +4,7 @@ token-budget vs fixed-size batches.
 Per length L: wall time and extra peak memory of encoding one L-token document, SDPA vs eager (same
 weights: the attention implementation is switched on the one backbone). A lone unpadded document needs
 no mask: with SDPA, `encode` builds none and runs ModernBERT's sliding-window layers block by block
-(`lmk.long_attention`), so memory grows linearly and 32,768 tokens fit; eager still holds T x T scores.
+(`lmk.model.long_attention`), so memory grows linearly and 32,768 tokens fit; eager still holds T x T scores.
 Then mixed-length batch workloads: our `encode` (length-sorted batches) vs naive batching (input order,
 padded to each batch's longest), and batches filled to a token budget vs a fixed row count (today's
 eval.batch_size), embeddings compared. Cases whose attention buffers cannot fit are recorded as skipped.
@@ -57,7 +57,7 @@ def estimate_attention_mb(length: int, heads: int, impl: str, batch: int = 1) ->
     about 550 MiB at 32,768 tokens). Eager materialises [B, 1, T, T] masks and [B, heads, T, T] scores
     and probabilities.
     """
-    from lmk.long_attention import BLOCK
+    from lmk.model.long_attention import BLOCK
 
     if impl == "sdpa":
         return batch * 4 * heads * length * 2 * BLOCK / 2**20
@@ -66,7 +66,7 @@ def estimate_attention_mb(length: int, heads: int, impl: str, batch: int = 1) ->
 
 def long_model(max_positions: int, pooler: str = "mean", strategy: str = "none") -> Any:
     """tiny-modernbert with its position budget raised to `max_positions` (RoPE: no new weights)."""
-    from lmk.model import EmbeddingModel
+    from lmk.model.embedding import EmbeddingModel
 
     enc = load_conf("encoder", "tiny-modernbert")
     enc.max_positions = max(int(enc.max_positions), max_positions)
@@ -199,7 +199,7 @@ def padded_size(lengths: np.ndarray, batches: list[np.ndarray]) -> int:
 def budget_case(model: Any, b: dict[str, Any], section: str = SECTION, precision: str = "fp32",
                 seed: int = 5) -> list[dict[str, Any]]:
     """Token-budget batches vs today's fixed row count on one mixed-length corpus (same model, same device)."""
-    from lmk.batching import fixed_batches, token_budget_batches
+    from lmk.model.batching import fixed_batches, token_budget_batches
 
     ml, bs, budget = b["max_length"], b["batch_size"], b["max_tokens"]
     texts = mixed_texts(b["n_docs"], 4, ml, seed=seed)  # log-uniform words: queries to full documents

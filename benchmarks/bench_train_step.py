@@ -25,7 +25,7 @@ SIZES: dict[str, dict[str, Any]] = {
     "full": {"steps": 8, "warmup_steps": 2, "batch_size": 8, "group_size": 2, "query_len": 32, "passage_len": 128,
              "rounds": 6},
 }
-# no warm-up: with DeepSpeed's schedule (lmk.module.warmup_decay) the first two warm-up steps run at lr 0
+# no warm-up: with DeepSpeed's schedule (lmk.train.module.warmup_decay) the first two warm-up steps run at lr 0
 LR, TAU, WEIGHT_DECAY, SCHEDULE_WARMUP = 1e-4, 0.02, 0.01, 0
 
 
@@ -69,8 +69,8 @@ def _loader(batches: list[dict[str, Any]]) -> torch.utils.data.DataLoader:
 
 def raw_loop(model: torch.nn.Module, batches: list[dict[str, Any]], group_size: int) -> dict[str, Any]:
     """The minimal hand-written loop: forward, InfoNCE, backward, AdamW step, schedule step."""
-    from lmk.losses import info_nce
-    from lmk.module import warmup_decay
+    from lmk.train.losses import info_nce
+    from lmk.train.module import warmup_decay
 
     opt = torch.optim.AdamW(_param_groups(model), lr=LR)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_decay(SCHEDULE_WARMUP, len(batches)))  # the module's default schedule
@@ -93,7 +93,7 @@ def lightning_loop(model: torch.nn.Module, batches: list[dict[str, Any]]) -> dic
     """ContrastiveModule under a plain CPU Trainer: no logger, progress bar, checkpointing or summary."""
     import lightning.pytorch as pl
 
-    from lmk.module import ContrastiveModule
+    from lmk.train.module import ContrastiveModule
 
     class _Clock(pl.Callback):
         def __init__(self) -> None:

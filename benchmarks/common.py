@@ -366,7 +366,7 @@ def find_pooling_conf(pooler: str, strategy: str, chunk_size: int | None = None)
 def build_model(encoder: str, pooler: str, strategy: str, chunk_size: int | None = None,
                 passage_max_length: int = 512, query_max_length: int = 128) -> Any:
     """An ``EmbeddingModel`` from the project's own encoder/pooling configs, in eval mode."""
-    from lmk.model import EmbeddingModel
+    from lmk.model.embedding import EmbeddingModel
 
     model = EmbeddingModel.build(
         load_conf("encoder", encoder),

@@ -5,7 +5,7 @@ Sections (each timed, each in the report even when it fails):
                149M parameters), the paper config's batch (256 queries x 8 passages at 128/512 tokens,
                teacher scores), bf16-mixed, gradient checkpointing and grad cache as table2-paper sets
                them, through the same ContrastiveModule and Lightning Trainer as `lmk.train`; step time,
-               training tokens/s, peak memory next to lmk.cost's estimate.
+               training tokens/s, peak memory next to lmk.sweep.cost's estimate.
   encode       inference tokens/s at 512 and 8192 tokens, SDPA (and flash_attention_2 when installed).
   rehearsal    the rehearsal scale's first row (experiment=table2-rehearsal) on this GPU, one process.
 Needs no network and nothing outside the repository: every model is built from its config.
@@ -113,9 +113,9 @@ def check_train_step(smoke: bool, work: Path) -> dict[str, Any]:
     from torch.utils.data import DataLoader
 
     from lmk.config import validate
-    from lmk.cost import encoder_shape, job_memory
-    from lmk.model import EmbeddingModel
-    from lmk.train import build_module
+    from lmk.model.embedding import EmbeddingModel
+    from lmk.sweep.cost import encoder_shape, job_memory
+    from lmk.train.fit import build_module
 
     device = "cpu" if smoke else "cuda"
     cfg = paper_config(smoke, work / "train_step")
@@ -176,8 +176,8 @@ def check_encode(smoke: bool, work: Path) -> dict[str, Any]:
     """Backbone forward throughput (bf16 weights, inference mode) per attention implementation and length."""
     import torch
 
-    from lmk.encoders import load_backbone
-    from lmk.model_config import EncoderConfig
+    from lmk.config.model import EncoderConfig
+    from lmk.model.backbone import load_backbone
 
     device = "cpu" if smoke else "cuda"
     sizes = SMOKE if smoke else PAPER
@@ -217,9 +217,9 @@ def check_encode(smoke: bool, work: Path) -> dict[str, Any]:
 
 def check_rehearsal(smoke: bool, work: Path) -> dict[str, Any]:
     """The rehearsal's first row through `lmk.train` on this device (one process: one GPU here)."""
-    from lmk.experiments.hub_mirror import prepare
-    from lmk.experiments.spec import load_spec
-    from lmk.results import read_results
+    from lmk.run.results import read_results
+    from lmk.sweep.hub_mirror import prepare
+    from lmk.sweep.spec import load_spec
 
     spec = load_spec(ROOT / "experiments/table2/spec.yaml")
     scale = spec.scale("rehearsal")

@@ -34,11 +34,11 @@ from sentence_transformers import SentenceTransformer
 from sentence_transformers.base.modules import InputModule, Module
 from transformers import AutoModel, AutoTokenizer, PreTrainedModel
 
-from lmk.encoders import set_rope
-from lmk.model import LMK_CONFIG_FILE, EmbeddingModel
-from lmk.model_config import EncoderConfig, PoolingConfig
-from lmk.pooling import build_pooler
-from lmk.tokenization import LandmarkTokenizer
+from lmk.config.model import EncoderConfig, PoolingConfig
+from lmk.model.backbone import set_rope
+from lmk.model.embedding import LMK_CONFIG_FILE, EmbeddingModel
+from lmk.model.pooling import build_pooler
+from lmk.model.tokenization import LandmarkTokenizer
 
 _BACKBONE_KEYS = ("input_ids", "attention_mask", "token_type_ids")
 

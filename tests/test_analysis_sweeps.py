@@ -29,7 +29,7 @@ def _configs(pooling: str) -> tuple[dict, dict]:
 
 def write_run(run_dir: Path, row: str, pooling: str, per_query: dict, status: str = "done", seed: int = 0):
     """A sweep row as lmk.train leaves it at tiny scale: .hydra config, last.ckpt (no export), results."""
-    from lmk.model import EmbeddingModel
+    from lmk.model.embedding import EmbeddingModel
 
     enc, pool = _configs(pooling)
     model = EmbeddingModel.build(enc, pool, seed=seed)
@@ -126,7 +126,7 @@ def test_length_scores_and_curves_known_values(sweeps) -> None:
 
 @pytest.mark.slow  # executes the notebook (about a minute on 2 cores)
 def test_notebook_uses_the_latest_sweep_and_plots_score_vs_length(sweeps, tmp_path, monkeypatch) -> None:
-    from lmk import notebooks as nbr
+    from lmk.analysis import notebooks as nbr
 
     root, _ = sweeps
     monkeypatch.setenv("OMP_NUM_THREADS", "1")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from lmk import authors
+from lmk.sweep import authors
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC = ROOT / "experiments" / "table2" / "authors.yaml"
@@ -37,7 +37,7 @@ def test_a_drifted_value_or_an_unexplained_deviation_is_reported(tmp_path: Path)
 
 def test_method_doc_shows_the_generated_table() -> None:
     doc = ROOT / "docs" / "method.md"
-    assert authors.table_in(doc) == authors.render(SPEC), "regenerate: python -m lmk.authors --write docs/method.md"
+    assert authors.table_in(doc) == authors.render(SPEC), "regenerate: python -m lmk.sweep.authors --write docs/method.md"
     table = authors.render(SPEC)
     assert "| `train.weight_decay` | 0.0 | `config/ds_config.json`" in table
     assert "| `trainer.deterministic` | true |" in table and "**warn**" in table

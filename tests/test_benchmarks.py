@@ -50,7 +50,7 @@ def _fig(report: dict, section: str, name: str) -> dict:
 # ------------------------------------------------------------------------------------- tokenization
 @pytest.mark.parametrize("chunk_size,max_length", [(32, 512), (4, 40), (3, 7), (32, 16), (1, 9)])
 def test_python_baseline_equals_landmark_tokenizer(minilm_tokenizer, chunk_size, max_length):
-    from lmk.tokenization import LandmarkTokenizer
+    from lmk.model.tokenization import LandmarkTokenizer
 
     texts = common.mixed_texts(12, 1, 300, seed=5) + [
         "",  # [CLS] [LMK]
@@ -126,7 +126,7 @@ def test_long_inputs_section(report):
 def test_attention_estimate_and_bad_impl():
     from benchmarks.bench_long_inputs import estimate_attention_mb, set_attention
 
-    # a lone 32k document under SDPA needs no T x T buffer any more (lmk.long_attention): linear in T
+    # a lone 32k document under SDPA needs no T x T buffer any more (lmk.model.long_attention): linear in T
     assert estimate_attention_mb(32768, 4, "eager") > 10_000 > 1000 > estimate_attention_mb(32768, 4, "sdpa")
     assert estimate_attention_mb(32768, 4, "sdpa") == pytest.approx(2 * estimate_attention_mb(16384, 4, "sdpa"))
     with pytest.raises(ValueError, match="allowed: sdpa, eager"):

@@ -1,10 +1,10 @@
-"""lmk.cluster: Lightning reads the ranks of submitit's local executor (and spawns nothing itself)."""
+"""lmk.run.cluster: Lightning reads the ranks of submitit's local executor (and spawns nothing itself)."""
 
 from __future__ import annotations
 
 import pytest
 
-from lmk.cluster import SubmititEnvironment, cluster_plugins, submitit_rank, under_submitit_local
+from lmk.run.cluster import SubmititEnvironment, cluster_plugins, submitit_rank, under_submitit_local
 
 TASK = {"SUBMITIT_EXECUTOR": "local", "SUBMITIT_LOCAL_JOB_ID": "4242", "SUBMITIT_LOCAL_NTASKS": "2",
         "SUBMITIT_LOCAL_JOB_NUM_NODES": "1", "SUBMITIT_LOCAL_NODEID": "0", "SUBMITIT_LOCAL_GLOBALID": "1",

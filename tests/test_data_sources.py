@@ -190,7 +190,7 @@ def test_local_clone_honours_data_files_split_and_subset(bge_clone, cache):
 def test_replica_config_differs_from_the_paper_config_only_by_path(cache, monkeypatch):
     from omegaconf import OmegaConf
 
-    from lmk.data.config import DataConfig
+    from lmk.config.data import DataConfig
 
     paper = OmegaConf.to_container(OmegaConf.load(ROOT / "conf/data/msmarco-passage.yaml"))
     rep = OmegaConf.to_container(OmegaConf.load(ROOT / "conf/data/bge-full-data-replica.yaml"))

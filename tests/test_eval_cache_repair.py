@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
+from lmk.config.eval import EvalConfig
 from lmk.data.retrieval import RetrievalCorpus
-from lmk.eval.config import EvalConfig
 from lmk.eval.runner import run_suite
 from lmk.eval.tasks import LocalShort
-from lmk.model import EmbeddingModel
+from lmk.model.embedding import EmbeddingModel
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 TEXTS = ["the cat sat on the warm mat", "stock markets fell after the rate rise", "a recipe for apple pie",

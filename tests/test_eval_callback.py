@@ -16,11 +16,11 @@ from omegaconf import OmegaConf
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from lmk.config.eval import EvalConfig  # noqa: E402
 from lmk.data.retrieval import RetrievalCorpus  # noqa: E402
 from lmk.eval.callback import EvalCallback, build_eval_callback  # noqa: E402
-from lmk.eval.config import EvalConfig  # noqa: E402
 from lmk.eval.tasks import LocalShort  # noqa: E402
-from lmk.model import EmbeddingModel  # noqa: E402
+from lmk.model.embedding import EmbeddingModel  # noqa: E402
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 TEXTS = ["the cat sat on the mat", "stock markets fell sharply", "a recipe for apple pie", "the rocket reached orbit"]
@@ -97,12 +97,12 @@ def _compose(overrides: list[str]):
 
 def test_evaluate_command_untrained_and_cross_pooling(tmp_path: Path, eval_cfg_overrides: list[str],
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    import lmk.eval.suites as suites
-    import lmk.evaluate as evaluate
+    import lmk.eval.command as evaluate
+    import lmk.eval.evaluation as evaluation
 
     # the real build_tasks, with LocalShort's data swapped for the planted corpus (the offline short
     # corpus takes minutes to encode on 2 CPU cores)
-    monkeypatch.setattr(suites, "build_tasks", lambda cfg: [LocalShort({"test": planted()})])
+    monkeypatch.setattr(evaluation, "build_tasks", lambda cfg: [LocalShort({"test": planted()})])
     cfg = _compose(["model=null", "encoder=tiny-modernbert", "pooling=lmk-fixed", *eval_cfg_overrides])
     section = evaluate.run(cfg, run_dir=tmp_path / "untrained")
     res = json.loads((tmp_path / "untrained" / "results.json").read_text())
@@ -126,12 +126,12 @@ def test_evaluate_command_untrained_and_cross_pooling(tmp_path: Path, eval_cfg_o
 
 
 def test_evaluate_bad_model_path_fails_clearly(tmp_path: Path) -> None:
-    import lmk.evaluate as evaluate
+    from lmk.model.loading import load_model
 
     with pytest.raises(FileNotFoundError, match="run dir, an exported model folder"):
-        evaluate.load_model(tmp_path / "nope")
+        load_model(tmp_path / "nope")
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match="checkpoints/last.ckpt"):
-        evaluate.load_model(tmp_path / "empty")
+        load_model(tmp_path / "empty")
     with pytest.raises(ValueError, match="encoder= and pooling="):
-        evaluate.load_model(None)
+        load_model(None)

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
+from lmk.config.eval import LENGTHS, EvalConfig, EvalConfigError
 from lmk.eval.callback import build_eval_callback
-from lmk.eval.config import LENGTHS, EvalConfig, EvalConfigError
 from lmk.eval.suites import UnknownTaskError, build_tasks, check_task_names
 
 CONF = Path(__file__).resolve().parents[1] / "conf" / "eval"
@@ -101,7 +101,7 @@ def test_unknown_task_fails_before_any_data_or_model() -> None:
 def test_hub_task_offline_fails_fast_naming_the_offline_suite(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     # Offline with nothing on disk: the check before compute names what is missing and the fixes
     # (prefetch, a local copy in the mirror, the offline suite); it never asks whether the network is up.
-    from lmk.prefetch import MissingArtifactsError, check_available
+    from lmk.hub.artifacts import MissingArtifactsError, check_available
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))

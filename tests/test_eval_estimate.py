@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from lmk.eval.config import EvalConfig
-from lmk.experiments.estimate import (
+from lmk.config.eval import EvalConfig
+from lmk.sweep.estimate import (
     CHARS_PER_TOKEN,
     KNOWN_SHAPES,
     Shape,
@@ -34,7 +34,7 @@ def test_training_tokens_follow_the_config() -> None:
         "trainer": {"max_steps": 5000}})
     cost = training_cost(cfg, n_jobs=2, gpus_per_job=24)
     assert cost.tokens == 2 * 5000 * 256 * 24 * (128 + 8 * 512)
-    shape = encoder_shape(cfg.encoder)  # the shipped ModernBERT-base config.json (lmk.cost)
+    shape = encoder_shape(cfg.encoder)  # the shipped ModernBERT-base config.json (lmk.sweep.cost)
     assert shape.params() == 149_014_272
     per_query = 128 * shape.forward_flops_per_token(128) + 8 * 512 * shape.forward_flops_per_token(512)
     assert cost.flops == pytest.approx(2 * 5000 * 256 * 24 * per_query * 4)  # checkpointing: 4 forwards

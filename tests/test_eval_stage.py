@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lmk.eval.config import EvalConfig
-from lmk.experiments.eval_stage import plan_shards
-from lmk.results import read_results, update_results
+from lmk.config.eval import EvalConfig
+from lmk.run.results import read_results, update_results
+from lmk.sweep.eval_stage import plan_shards
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -51,7 +51,7 @@ def test_paper_dry_run_lists_the_eval_jobs(tmp_path: Path) -> None:
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     plan = json.loads((out / "eval" / "jobs.json").read_text())
-    from lmk.experiments.spec import load_spec
+    from lmk.sweep.spec import load_spec
 
     spec = load_spec(ROOT / "experiments" / "table2" / "spec.yaml")
     rows = spec.rows_for(spec.scale("paper"), None)  # the paper scale includes the optional control rows

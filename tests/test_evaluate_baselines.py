@@ -16,8 +16,10 @@ from omegaconf import OmegaConf
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import lmk.evaluate as evaluate  # noqa: E402
-from lmk.model import EmbeddingModel  # noqa: E402
+import lmk.eval.command as evaluate  # noqa: E402
+import lmk.eval.evaluation as evaluation  # noqa: E402
+from lmk.model.embedding import EmbeddingModel  # noqa: E402
+from lmk.model.loading import load_hf_encoder, load_model  # noqa: E402
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 TEXTS = ["the cat sat on the mat", "stock markets fell sharply today", "a recipe for apple pie",
@@ -43,7 +45,7 @@ def plain_modernbert(tmp_path_factory) -> tuple[Path, EmbeddingModel]:
 @pytest.mark.parametrize("pooling", ["lmk-fixed", "mean"])
 def test_plain_transformers_folder_with_any_pooling(plain_modernbert, pooling):
     folder, original = plain_modernbert
-    model, info = evaluate.load_model(folder, pooling_cfg=pool(pooling))
+    model, info = load_model(folder, pooling_cfg=pool(pooling))
     assert info == {"kind": "hf-encoder", "source": str(folder)}
     assert model.pooling_cfg.name == pooling and model.max_positions == 8192
     ref = original if pooling == "lmk-fixed" else original.with_pooling(pool("mean"))
@@ -52,7 +54,7 @@ def test_plain_transformers_folder_with_any_pooling(plain_modernbert, pooling):
 
 @pytest.mark.parametrize("pooling", ["lmk-fixed", "mean"])
 def test_sentence_transformers_folder_with_any_pooling(minilm_path, pooling):
-    model, info = evaluate.load_model(minilm_path, pooling_cfg=pool(pooling))
+    model, info = load_model(minilm_path, pooling_cfg=pool(pooling))
     assert info["kind"] == "hf-encoder" and model.max_positions == 512
     emb = model.encode(TEXTS)
     assert emb.shape == (4, 384) and np.allclose(np.linalg.norm(emb, axis=1), 1, atol=1e-5)
@@ -65,9 +67,9 @@ def test_sentence_transformers_folder_with_any_pooling(minilm_path, pooling):
 
 def test_hub_id_offline_names_the_id():
     with pytest.raises(OSError, match=r"model='someorg/some-encoder'.*hub id.*HF_HUB_OFFLINE=1"):
-        evaluate.load_model("someorg/some-encoder", pooling_cfg=pool("mean"))
+        load_model("someorg/some-encoder", pooling_cfg=pool("mean"))
     with pytest.raises(ValueError, match="give pooling="):
-        evaluate.load_hf_encoder("someorg/some-encoder", None)
+        load_hf_encoder("someorg/some-encoder", None)
 
 
 def _compose(overrides: list[str]):
@@ -84,10 +86,9 @@ def _corpus():
 
 
 def _planted_tasks(monkeypatch):
-    import lmk.eval.suites as suites
     from lmk.eval.tasks import LocalShort
 
-    monkeypatch.setattr(suites, "build_tasks", lambda cfg, check_offline=True: [LocalShort({"test": _corpus()})])
+    monkeypatch.setattr(evaluation, "build_tasks", lambda cfg, check_offline=True: [LocalShort({"test": _corpus()})])
 
 
 OVERRIDES = ["eval=local", "eval.tasks=[LocalShort]", "eval.groups={local-short:[LocalShort]}",
@@ -112,7 +113,7 @@ def test_evaluate_cuda_without_cuda_fails_before_loading(tmp_path, monkeypatch):
     def never(*a, **k):
         raise AssertionError("the model must not be loaded")
 
-    monkeypatch.setattr(evaluate, "load_model", never)
+    monkeypatch.setattr(evaluation, "load_model", never)
     cfg = _compose(["model=null", "encoder=tiny-modernbert", "eval.device=cuda", *OVERRIDES])
     with pytest.raises(RuntimeError, match=r"eval.device='cuda'.*CUDA is not available"):
         evaluate.run(cfg, run_dir=tmp_path / "run")
@@ -135,8 +136,8 @@ def test_callback_evaluates_on_the_trainers_device(tmp_path, caplog):
         def train_dataloader(self):
             return torch.utils.data.DataLoader(torch.zeros(4, 1), batch_size=1)
 
+    from lmk.config.eval import EvalConfig
     from lmk.eval.callback import build_eval_callback
-    from lmk.eval.config import EvalConfig
     from lmk.eval.tasks import LocalShort
 
     model = EmbeddingModel.build(OmegaConf.load(CONF / "encoder" / "tiny-modernbert.yaml"), pool("lmk-fixed"))

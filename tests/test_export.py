@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 from sentence_transformers import SentenceTransformer
 
 from lmk.export import LandmarkPooling, LandmarkTransformer, export_sentence_transformers, load_exported
-from lmk.model import EmbeddingModel
+from lmk.model.embedding import EmbeddingModel
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 TEXTS = [

@@ -7,7 +7,7 @@ import stat
 
 import pytest
 
-from lmk.results import update_results
+from lmk.run.results import update_results
 
 
 @pytest.fixture()

@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 from transformers import BertConfig, BertModel
 
-from lmk.gradcache import grad_cache_step, split_features
-from lmk.losses import info_nce
+from lmk.train.gradcache import grad_cache_step, split_features
+from lmk.train.losses import info_nce
 
 
 def _tiny_bert(dropout: float) -> BertModel:

@@ -10,9 +10,9 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from lmk.batching import fixed_batches, token_budget_batches
-from lmk.device import autocast, resolve_device, resolve_precision
-from lmk.model import EmbeddingModel
+from lmk.model.batching import fixed_batches, token_budget_batches
+from lmk.model.device import autocast, resolve_device, resolve_precision
+from lmk.model.embedding import EmbeddingModel
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 TEXTS = [
@@ -154,7 +154,7 @@ def test_single_row_batch_has_no_mask_and_same_embedding(model):
 
 
 def test_lean_attention_equals_dense_sliding_window_mask(modernbert):
-    from lmk.long_attention import LEAN_SDPA, banded_attention, lean_attention
+    from lmk.model.long_attention import LEAN_SDPA, banded_attention, lean_attention
 
     long = " ".join(["token"] * 1500)
     feats = modernbert.tokenize([long], max_length=1200)  # > BLOCK: several blocks

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lmk.losses import info_nce
+from lmk.train.losses import info_nce
 
 
 def _emb(n: int, d: int = 8, seed: int = 0) -> torch.Tensor:

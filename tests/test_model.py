@@ -12,9 +12,9 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from lmk.encoders import load_backbone
-from lmk.model import EmbeddingModel
-from lmk.model_config import EncoderConfig, PoolingConfig
+from lmk.config.model import EncoderConfig, PoolingConfig
+from lmk.model.backbone import load_backbone
+from lmk.model.embedding import EmbeddingModel
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 POOLINGS = ("cls", "mean", "lmk-fixed", "lmk-variable", "lmk-sentence", "every-k", "multi-cls")
@@ -56,7 +56,7 @@ def minilm() -> EmbeddingModel:
 def test_encoder_yaml_validates(name):
     cfg = EncoderConfig.coerce(enc_cfg(name))
     assert cfg.name == name
-    assert cfg._target_ == "lmk.model_config.EncoderConfig"
+    assert cfg._target_ == "lmk.config.model.EncoderConfig"
 
 
 @pytest.mark.parametrize("name", POOLINGS)
@@ -136,7 +136,7 @@ def test_absolute_positions_limit():
 
 # -------------------------------------------------------------------------------------- backbones
 def test_random_init_is_seeded(monkeypatch):
-    from lmk import encoders
+    from lmk.model import backbone as encoders
 
     # a micro config and no cache: each build really re-initialises
     monkeypatch.setattr(encoders, "_RANDOM_CACHE", {})
@@ -249,7 +249,7 @@ def test_truncation_counted_and_clamped(minilm, caplog):
     emb = minilm.encode(texts, max_length=16)
     assert minilm.truncation_count == 1 and emb.shape == (2, 384)
     # asking for more than the backbone's 512 positions truncates (logged), never crashes
-    with caplog.at_level("WARNING", logger="lmk.model"):
+    with caplog.at_level("WARNING", logger="lmk.model.embedding"):
         minilm.encode(texts, max_length=1000)
     assert minilm.truncation_count == 1
     assert "exceeds the backbone's 512 positions" in caplog.text

@@ -10,7 +10,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from lmk import modernbert_tokenizer as mbt
+from lmk.model import modernbert_tokenizer as mbt
 
 ROOT = Path(__file__).resolve().parent.parent
 SHRUNK = {"num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads",
@@ -63,8 +63,7 @@ def test_tokenizer_is_deterministic_and_cached(tmp_path, cache):
 def test_encoder_config_is_modernbert_base_except_the_shrunk_keys(cache, monkeypatch):
     from transformers import AutoConfig
 
-    from lmk.cost import shipped_config
-    from lmk.encoders import is_checkpointing, load_backbone
+    from lmk.model.backbone import is_checkpointing, load_backbone, shipped_config
 
     monkeypatch.setenv("LMK_CACHE", str(cache))
     model, tok = load_backbone(OmegaConf.load(ROOT / "conf/encoder/modernbert-base-shape.yaml"))
@@ -85,7 +84,7 @@ def test_encoder_config_is_modernbert_base_except_the_shrunk_keys(cache, monkeyp
 
 
 def test_shipped_config_is_refused_for_other_sources():
-    from lmk.model_config import EncoderConfig
+    from lmk.config.model import EncoderConfig
 
     with pytest.raises(ValueError, match="only applies to source=random"):
         EncoderConfig(name="x", source="hub", model_id="answerdotai/ModernBERT-base", config="modernbert-base")

@@ -13,8 +13,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from lmk.data.datamodule import PairCollator
-from lmk.model import EmbeddingModel
-from lmk.module import ContrastiveModule, warmup_decay
+from lmk.model.embedding import EmbeddingModel
+from lmk.train.module import ContrastiveModule, warmup_decay
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

@@ -12,7 +12,7 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 
-from lmk import notebooks as nbr
+from lmk.analysis import notebooks as nbr
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOK = REPO / "notebooks" / "attention_position_bias.ipynb"

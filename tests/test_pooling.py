@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lmk.pooling import POOLERS, LandmarkPooling, Pooler, build_pooler
-from lmk.tokenization import LandmarkTokenizer
+from lmk.model.pooling import POOLERS, LandmarkPooling, Pooler, build_pooler
+from lmk.model.tokenization import LandmarkTokenizer
 
 H = 8
 

@@ -11,10 +11,12 @@ from typing import Any
 import pytest
 from omegaconf import OmegaConf
 
-from lmk import prefetch
-from lmk.eval import mirror
-from lmk.eval.config import EvalConfig
-from lmk.prefetch import Artifact, MissingArtifactsError, check_available, required_artifacts
+from lmk.config.eval import EvalConfig
+from lmk.hub import artifacts, mirror
+from lmk.hub import fetch as hub_fetch
+from lmk.hub.artifacts import Artifact, MissingArtifactsError, check_available, required_artifacts
+from lmk.hub.offline import is_hub_id
+from lmk.sweep import prefetch as prefetch_cmd
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC = str(ROOT / "experiments" / "table2" / "spec.yaml")
@@ -52,12 +54,12 @@ def record_hub_loads():
     opened: set[tuple[str, str, str | None]] = set()
 
     def hit(kind: str, path: Any, revision: Any = None) -> None:
-        if prefetch.is_hub_id(str(path)):
+        if is_hub_id(str(path)):
             opened.add((kind, str(path), revision))
         raise _Opened(path)
 
     def load_dataset(path: str, name: str | None = None, *args: Any, revision: str | None = None, **kw: Any) -> Any:
-        if not prefetch.is_hub_id(path):  # the offline set's own json/parquet reads
+        if not is_hub_id(path):  # the offline set's own json/parquet reads
             return real_load_dataset(path, name, *args, revision=revision, **kw)
         hit("dataset", path, revision)
 
@@ -82,10 +84,10 @@ def record_hub_loads():
 
 def _open_everything(cfg: Any) -> None:
     """Run the job's own loading code for encoder, training data and eval tasks, up to the first hub read."""
-    from lmk.data.config import DataConfig
+    from lmk.config.data import DataConfig
     from lmk.data.pairs import load_pairs
-    from lmk.encoders import load_backbone
     from lmk.eval.suites import build_tasks
+    from lmk.model.backbone import load_backbone
 
     if str(cfg.get("model")) in ("None", "null", ""):
         with contextlib.suppress(_Opened):
@@ -104,7 +106,7 @@ def _open_everything(cfg: Any) -> None:
     else:
         tasks = build_tasks(EvalConfig.from_cfg(cfg.eval))
     for task in tasks:
-        for leaf in prefetch._leaves(task):
+        for leaf in artifacts._leaves(task):
             with contextlib.suppress(_Opened):
                 leaf.load_data()  # local tasks load from memory: nothing is recorded
 
@@ -119,7 +121,7 @@ def _scales() -> list[Any]:
 
 @pytest.mark.parametrize("scale", _scales())
 def test_prefetch_list_equals_what_every_job_loads(scale: str, empty_hf_cache: Path) -> None:
-    jobs = prefetch._compose_jobs(SPEC, scale)
+    jobs = prefetch_cmd._compose_jobs(SPEC, scale)
     assert jobs, f"scale {scale} has no jobs"
     seen: set[str] = set()
     for label, cfg in jobs:
@@ -142,7 +144,7 @@ def test_prefetch_list_equals_what_every_job_loads(scale: str, empty_hf_cache: P
             assert "answerdotai/ModernBERT-base" in repos and "cfli/bge-full-data" in repos
             assert not any(r.startswith("mteb/") for r in repos)  # paper training evaluates nothing
     if scale == "paper":  # the eval stage's jobs read the suite's datasets, and only those
-        stage = {(a.kind, a.repo_id) for a in prefetch.scale_artifacts(SPEC, scale) if a.task}
+        stage = {(a.kind, a.repo_id) for a in prefetch_cmd.scale_artifacts(SPEC, scale) if a.task}
         assert ("dataset", "mteb/scifact") in stage and ("dataset", "dwzhu/LongEmbed") in stage
 
 
@@ -212,19 +214,19 @@ def test_prefetch_offline_records_whats_there_and_refuses_to_download(
     root = tmp_path / "mirror"
     write_replicas(root, ["SciFact"], Sizes(n_queries=2, n_docs=4))
     have = Artifact("dataset", "mteb/scifact", "d56462d0e63a25450459c4f213e49ffdb866f7f9", what="eval task SciFact")
-    entries = prefetch.prefetch([have], root)
+    entries = hub_fetch.prefetch([have], root)
     assert entries[0]["status"] == "mirror" and entries[0]["path"] == "datasets/mteb/scifact"
     manifest = json.loads((root / mirror.MANIFEST).read_text())
     assert any(e["repo_id"] == "mteb/scifact" for e in manifest["artifacts"])
     lacking = Artifact("model", "answerdotai/ModernBERT-base", what="encoder")
-    dry = prefetch.prefetch([have, lacking], root, dry_run=True)
+    dry = hub_fetch.prefetch([have, lacking], root, dry_run=True)
     assert [e["status"] for e in dry] == ["mirror", "missing"]
     with pytest.raises(MissingArtifactsError, match="needs the network"):
-        prefetch.prefetch([lacking], root)
+        hub_fetch.prefetch([lacking], root)
 
 
 def test_prefetch_cli_dry_run_lists_the_paper_sweep(empty_hf_cache: Path, capsys: pytest.CaptureFixture) -> None:
-    assert prefetch.main([SPEC, "--scale", "paper", "--dry-run"]) == 0
+    assert prefetch_cmd.main([SPEC, "--scale", "paper", "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "answerdotai/ModernBERT-base" in out and "cfli/bge-full-data" in out and "mteb/scifact" in out
     assert "dry run:" in out and "not on disk" in out
@@ -270,7 +272,7 @@ def test_real_mteb_tasks_evaluate_offline_from_the_replicas(replica_mirror: Path
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     from lmk.eval.runner import run_suite
     from lmk.eval.suites import build_tasks
-    from lmk.model import EmbeddingModel
+    from lmk.model.embedding import EmbeddingModel
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("LMK_HUB_MIRROR", str(replica_mirror))
@@ -354,7 +356,7 @@ def test_prefetch_goes_through_the_proxy_variables(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k.upper() not in
            ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE", "NO_PROXY")}
     env.update(HTTPS_PROXY=proxy, HTTP_PROXY=proxy, HF_HOME=str(tmp_path / "hf"), PYTHONPATH=str(ROOT))
-    code = ("from lmk.prefetch import fetch, Artifact\n"
+    code = ("from lmk.hub.fetch import fetch, Artifact\n"
             "for art in (Artifact('model', 'answerdotai/ModernBERT-base'),\n"
             "            Artifact('dataset', 'mteb/scifact', 'd56462d0e63a25450459c4f213e49ffdb866f7f9', task='SciFact')):\n"
             "    try:\n        fetch(art, None)\n    except Exception as err:\n        print(type(err).__name__, 'proxy' in repr(err).lower() or '403' in repr(err))\n")

@@ -12,6 +12,7 @@ import yaml
 from hydra import compose, initialize_config_dir
 
 from lmk.config import ConfigError, validate
+from lmk.train.command import validate_job
 
 ROOT = Path(__file__).resolve().parent.parent
 CONF = ROOT / "conf"
@@ -25,22 +26,23 @@ def _compose(name: str, overrides: list[str]):
 def test_missing_data_file_fails_validation(tmp_path: Path) -> None:
     missing = tmp_path / "nope" / "pairs.jsonl"
     cfg = _compose("train", ["experiment=tiny", "run_dir=/tmp/x", f"data.sources=[{{path:{missing}}}]"])
+    validate(cfg)  # the config alone is fine: the data path is checked against this machine after it
     with pytest.raises(ConfigError) as err:
-        validate(cfg)
+        validate_job(cfg)
     assert str(missing) in str(err.value) and "do not exist" in str(err.value)
     present = tmp_path / "pairs.jsonl"
     present.write_text('{"query": "q", "pos": ["p"], "neg": ["n"]}\n')
-    validate(_compose("train", ["experiment=tiny", "run_dir=/tmp/x", f"data.sources=[{{path:{present}}}]"]))
+    validate_job(_compose("train", ["experiment=tiny", "run_dir=/tmp/x", f"data.sources=[{{path:{present}}}]"]))
 
 
 def test_misspelt_task_fails_validation_naming_the_closest() -> None:
     cfg = _compose("train", ["experiment=tiny", "run_dir=/tmp/x", "eval=table2-tiny",
                              "eval.tasks=[LocalShort,SciFactz]"])
     with pytest.raises(ConfigError) as err:
-        validate(cfg)
+        validate_job(cfg)
     assert "'SciFactz'" in str(err.value) and "SciFact" in str(err.value)
+    from lmk.eval.command import validate_config
     from lmk.eval.suites import UnknownTaskError
-    from lmk.evaluate import validate_config
 
     with pytest.raises(UnknownTaskError, match="LocalPaskey"):
         validate_config(_compose("evaluate", ["eval=table2-tiny", "eval.tasks=[LocalShort,LocalPaskey]"]))
@@ -72,8 +74,8 @@ def test_sweep_dry_run_fails_naming_the_row_and_the_thing(tmp_path: Path, row: s
 
 
 def test_misspelt_task_options_key_is_named() -> None:
+    from lmk.eval.command import validate_config
     from lmk.eval.suites import UnknownTaskError
-    from lmk.evaluate import validate_config
 
     cfg = _compose("evaluate", ["eval=mldr-eng", "+eval.task_options.MultiLongDocRetrival={eval_splits:[test]}"])
     with pytest.raises(UnknownTaskError, match="MultiLongDocRetrival"):

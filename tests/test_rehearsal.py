@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from lmk.results import read_results
+from lmk.run.results import read_results
 
 ROOT = Path(__file__).resolve().parent.parent
 COLUMNS = ["MS MARCO dev", "BEIR-15", "MTEB v2", "COIR", "MLDR-eng", "LongEmbed-6"]
@@ -51,7 +51,7 @@ def test_rehearsal_composes_to_the_paper_config_with_only_sizes_changed():
 
 
 def test_rehearsal_scale_evaluates_in_a_stage_like_the_paper_reading_its_mirror():
-    from lmk.experiments.spec import load_spec
+    from lmk.sweep.spec import load_spec
 
     spec = load_spec(ROOT / "experiments" / "table2" / "spec.yaml")
     paper, rehearsal = spec.scale("paper"), spec.scale("rehearsal")
@@ -62,9 +62,9 @@ def test_rehearsal_scale_evaluates_in_a_stage_like_the_paper_reading_its_mirror(
 
 
 def test_sweep_writes_missing_replicas_into_the_scales_mirror_once(tmp_path):
-    from lmk.eval import mirror
-    from lmk.experiments.hub_mirror import prepare
-    from lmk.experiments.spec import Scale, SpecError
+    from lmk.hub import mirror
+    from lmk.sweep.hub_mirror import prepare
+    from lmk.sweep.spec import Scale, SpecError
 
     scale = Scale(name="s", columns=[], eval_stage={"overrides": ["eval=table2-rehearsal"]},
                   hub_mirror={"path": "m", "replicas": {"n_queries": 2, "n_docs": 4, "lengths": [256]}})
@@ -85,8 +85,8 @@ def test_sweep_writes_missing_replicas_into_the_scales_mirror_once(tmp_path):
 
 
 def test_prefetch_of_the_rehearsal_writes_its_replicas_and_downloads_nothing(tmp_path):
-    from lmk.eval import mirror
-    from lmk.prefetch import main
+    from lmk.hub import mirror
+    from lmk.sweep.prefetch import main
 
     assert main(["experiments/table2/spec.yaml", "--scale", "rehearsal", "--mirror", str(tmp_path / "m"),
                  "--dry-run"]) == 0

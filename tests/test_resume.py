@@ -17,16 +17,16 @@ from test_train import ENV, ROOT, in_process, losses, overrides, results, write_
 # lmk.train with a callback that SIGKILLs the process at the end of step KILL_AT (no cleanup at all).
 KILLER = """
 import os, runpy, signal, sys
-import lmk.resume
+import lmk.train.resume
 
 KILL_AT = int(sys.argv.pop(1))
 
-class Kill(lmk.resume.ExactResume):
+class Kill(lmk.train.resume.ExactResume):
     def on_train_batch_end(self, trainer, *args):
         if trainer.global_step == KILL_AT:
             os.kill(os.getpid(), signal.SIGKILL)
 
-lmk.resume.ExactResume = Kill  # lmk.train's build_callbacks imports it at call time
+lmk.train.resume.ExactResume = Kill  # lmk.train.fit imports it when the job starts (after this)
 runpy.run_module("lmk.train", run_name="__main__", alter_sys=True)
 """
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lmk.encoders import load_backbone
-from lmk.model import EmbeddingModel
+from lmk.model.backbone import load_backbone
+from lmk.model.embedding import EmbeddingModel
 
 # every layer global: ModernBERT's sliding-window layers (window 128 by default) would otherwise see a
 # position-dependent neighbourhood on long inputs; at 24 tokens every window covers the whole row anyway.

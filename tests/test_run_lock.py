@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from lmk import run_lock
-from lmk.results import update_results
+from lmk.run import lock as run_lock
+from lmk.run.results import update_results
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_train import ENV, ROOT, in_process, overrides, results, write_pairs  # noqa: E402

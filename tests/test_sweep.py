@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from lmk.results import read_results, update_results
+from lmk.run.results import read_results, update_results
 
 SPEC = "experiments/table2/spec.yaml"
 ROOT = Path(__file__).resolve().parent.parent
@@ -165,7 +165,7 @@ def test_mini_scale_two_rows_for_real(tmp_path: Path) -> None:
 def test_config_hash_follows_values_interpolated_from_the_launcher() -> None:
     from hydra import compose, initialize_config_dir
 
-    from lmk.results import config_hash_of
+    from lmk.run.results import config_hash_of
 
     def digest(*extra: str) -> str:
         with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):

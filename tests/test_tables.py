@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lmk.experiments.spec import SpecError, load_spec, validate_spec
-from lmk.experiments.tables import MixedResultsError, aggregate
-from lmk.results import update_results
+from lmk.run.results import update_results
+from lmk.sweep.spec import SpecError, load_spec, validate_spec
+from lmk.sweep.tables import MixedResultsError, aggregate
 
 SPEC = {
     "name": "t2", "title": "Test table", "baseline": "cls", "alpha": 0.05,

@@ -11,8 +11,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lmk.sentences import split_sentences
-from lmk.tokenization import STRATEGIES, LandmarkTokenizer
+from lmk.model.sentences import split_sentences
+from lmk.model.tokenization import STRATEGIES, LandmarkTokenizer
 
 CLS, SEP, PAD = 101, 102, 0
 FIVE = "hello world foo bar cat"  # exactly five MiniLM word tokens
@@ -527,8 +527,8 @@ def test_sentence_pieces_are_tokenized_stripped_with_byte_level_bpe(modernbert_t
 def test_language_reaches_the_splitter_from_the_pooling_config(minilm_tokenizer):
     from omegaconf import OmegaConf
 
-    from lmk.model import _make_tokenizer
-    from lmk.model_config import PoolingConfig
+    from lmk.config.model import PoolingConfig
+    from lmk.model.embedding import _make_tokenizer
 
     text = "Er kam am 3. Oktober an. Dann ging er."  # "3." ends no sentence in German
     yaml = OmegaConf.load("conf/pooling/lmk-sentence.yaml")
@@ -548,7 +548,7 @@ def test_language_reaches_the_splitter_from_the_pooling_config(minilm_tokenizer)
 
 
 def test_multilingual_splitter_works_offline():
-    from lmk.sentences import multilingual_backend
+    from lmk.model.sentences import multilingual_backend
 
     text = "今天天气很好。我们去公园吧！"
     pieces = split_sentences(text, "zh", "multilingual")
@@ -566,7 +566,7 @@ def test_multilingual_splitter_works_offline():
     ],
 )
 def test_bad_sentence_options(minilm_tokenizer, kwargs, match):
-    from lmk.model_config import PoolingConfig
+    from lmk.config.model import PoolingConfig
 
     with pytest.raises(ValueError, match=match):
         LandmarkTokenizer(minilm_tokenizer, "sentence", **kwargs)

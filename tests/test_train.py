@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lmk.results import update_results
+from lmk.run.results import update_results
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = str(ROOT / "conf")
@@ -46,7 +46,7 @@ def cli(run_dir: Path, pairs: Path, *extra: str, env: dict | None = None) -> sub
 def in_process(run_dir: Path, pairs: Path, *extra: str) -> float | None:
     from hydra import compose, initialize_config_dir
 
-    from lmk.train import run
+    from lmk.train.command import run
 
     with initialize_config_dir(config_dir=CONF, version_base="1.3"):
         cfg = compose(config_name="train", overrides=[f"run_dir={run_dir}", *overrides(run_dir, pairs, *extra)[0:1],
@@ -88,7 +88,7 @@ def test_cli_end_to_end_with_wandb_offline(tmp_path, pairs):
     import torch
 
     from lmk.export import load_exported
-    from lmk.model import EmbeddingModel
+    from lmk.model.embedding import EmbeddingModel
 
     exported = load_exported(run_dir / "export")
     state = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)["state_dict"]

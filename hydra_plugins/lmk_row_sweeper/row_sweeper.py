@@ -45,7 +45,7 @@ class RowSweeperConf:
     # Dotted path of a function called with each job's config that returns a dict with a "summary"
     # line (printed per row, stored in jobs.json): by default the per-device memory estimate against
     # launcher.gpu_memory_gb. Null to turn it off.
-    report: Optional[str] = "lmk.cost.job_report"  # noqa: UP045
+    report: Optional[str] = "lmk.sweep.cost.job_report"  # noqa: UP045
     # Run every row once per seed (`seed=<k>`) into <row>/seed<k>; None: once, into <row>.
     seeds: Optional[List[int]] = None  # noqa: UP006, UP045
 
@@ -144,7 +144,7 @@ class RowSweeper(Sweeper):
     # -- planning -------------------------------------------------------------------------------
     def plan(self, arguments: list[str]) -> list[dict[str, Any]]:
         """Every row's job: overrides, folder, config hash and whether it is already done."""
-        from lmk.results import STATUS_DONE, config_hash_of, read_results
+        from lmk.run.results import STATUS_DONE, config_hash_of, read_results
 
         assert self.config is not None and self.hydra_context is not None
         for arg in arguments:
@@ -234,7 +234,7 @@ class RowSweeper(Sweeper):
 
     # -- sweeping -------------------------------------------------------------------------------
     def sweep(self, arguments: list[str]) -> list[JobReturn]:
-        from lmk.results import update_results
+        from lmk.run.results import update_results
 
         assert self.config is not None and self.launcher is not None
         sweep_dir = Path(self.config.hydra.sweep.dir)

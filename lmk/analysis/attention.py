@@ -24,11 +24,16 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 import torch
+from transformers import PretrainedConfig
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+from transformers.modeling_utils import AttentionInterface
 
 from lmk.analysis.common import _check_int, _device, _max_length, bin_centers
+from lmk.model.pooling import POOLERS
 
 if TYPE_CHECKING:  # imported lazily at run time: analysis sits above model / data in the layering
-    from lmk.model import EmbeddingModel
+    from lmk.model.embedding import EmbeddingModel
 
 ROW_KINDS = ("cls", "mean", "lmk")
 PROBE_ATTN = "lmk_probe"  # the name registered in transformers' AttentionInterface
@@ -82,8 +87,6 @@ def bin_attention(
 
 def pooling_kind(model: EmbeddingModel) -> str:
     """'cls', 'mean' or 'lmk': whose attention rows make the model's embedding."""
-    from lmk.pooling import POOLERS
-
     declared = getattr(getattr(model, "pooling_cfg", None), "pooler", None)
     if declared in ROW_KINDS:
         return declared
@@ -180,8 +183,6 @@ def _probe_attention_forward(
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """SDPA as usual (the model's output is unchanged) + the pooled rows' attention for the recorder."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
     if _ACTIVE is not None:
         _ACTIVE.record(query, key, attention_mask, scaling)
     return sdpa_attention_forward(
@@ -191,16 +192,11 @@ def _probe_attention_forward(
 
 def _register_probe() -> None:
     # Adds one new key to transformers' registries; existing implementations are untouched.
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-    from transformers.modeling_utils import AttentionInterface
-
     AttentionInterface.register(PROBE_ATTN, _probe_attention_forward)
     AttentionMaskInterface.register(PROBE_ATTN, sdpa_mask)
 
 
 def _configs(backbone: torch.nn.Module) -> list[Any]:
-    from transformers import PretrainedConfig
-
     seen: dict[int, Any] = {}
     for mod in backbone.modules():
         cfg = getattr(mod, "config", None)

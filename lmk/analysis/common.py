@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 if TYPE_CHECKING:  # imported lazily at run time: analysis sits above model / data in the layering
-    from lmk.model import EmbeddingModel
+    from lmk.model.embedding import EmbeddingModel
 
 
 def _check_int(name: str, value: Any, minimum: int = 1) -> int:

@@ -12,10 +12,11 @@ import numpy as np
 import pandas as pd
 
 from lmk.analysis.common import _check_int, _max_length
+from lmk.data import longembed
 
 if TYPE_CHECKING:  # imported lazily at run time: analysis sits above model / data in the layering
     from lmk.data.retrieval import RetrievalCorpus
-    from lmk.model import EmbeddingModel
+    from lmk.model.embedding import EmbeddingModel
 
 TASKS = ("passkey", "needle")
 
@@ -30,8 +31,6 @@ def synthetic_corpora(
     """The regenerated LongEmbed passkey / needle data (lmk.data.longembed), per length."""
     if task not in TASKS:
         raise ValueError(f"unknown synthetic task {task!r}; allowed: {', '.join(TASKS)}")
-    from lmk.data import longembed
-
     gen = longembed.generate_passkey if task == "passkey" else longembed.generate_needle
     return gen(lengths=tuple(lengths), n_docs=n_docs, n_queries=n_queries, seed=seed)
 

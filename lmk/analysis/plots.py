@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import matplotlib as mpl
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
@@ -25,8 +26,6 @@ def _grid(n: int, ncols: int, size: tuple[float, float] = (4.2, 3.2)) -> tuple[F
 
 
 def _draw_profile(ax: Any, profile: AttentionProfile, title: str | None) -> None:
-    import matplotlib as mpl
-
     cmap = mpl.colormaps["viridis"]
     x = profile.centers
     for layer in range(profile.n_layers):

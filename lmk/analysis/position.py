@@ -12,7 +12,7 @@ import torch
 from lmk.analysis.common import _check_int, _max_length, bin_centers
 
 if TYPE_CHECKING:  # imported lazily at run time: analysis sits above model / data in the layering
-    from lmk.model import EmbeddingModel
+    from lmk.model.embedding import EmbeddingModel
 
 
 def _visible_words(model: EmbeddingModel, words: list[str], max_length: int) -> int:

@@ -13,21 +13,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from omegaconf import OmegaConf
+
+from lmk.config import CONF_DIR
+from lmk.export import load_exported
+from lmk.model.embedding import EmbeddingModel
+from lmk.model.loading import load_model
+
 if TYPE_CHECKING:  # imported lazily at run time: analysis sits above model / data in the layering
-    from lmk.model import EmbeddingModel
+    from lmk.model.embedding import EmbeddingModel
 
 
 def _conf_dir(conf_dir: str | Path | None) -> Path:
     if conf_dir is not None:
         return Path(conf_dir)
-    from lmk.config import CONF_DIR
-
     return CONF_DIR
 
 
 def _load_cfg(conf: Path, group: str, name: str) -> Any:
-    from omegaconf import OmegaConf
-
     path = conf / group / f"{name}.yaml"
     if not path.is_file():
         avail = sorted(p.stem for p in (conf / group).glob("*.yaml"))
@@ -38,8 +41,6 @@ def _load_cfg(conf: Path, group: str, name: str) -> Any:
 
 
 def _run_label(run_dir: Path) -> str:
-    import json
-
     try:
         cfg = json.loads((run_dir / "results.json").read_text()).get("config", {})
         enc = cfg.get("encoder", {}).get("name")
@@ -66,8 +67,6 @@ def _load_run(run_dir: Path, device: str) -> EmbeddingModel:
     """A run folder's model: its export/, else its last checkpoint (a sweep at tiny scale exports nothing)."""
     if (run_dir / "export").is_dir():
         return _load_export(run_dir / "export", device)
-    from lmk.loading import load_model  # rebuilds the model from the run's .hydra config + checkpoint
-
     model, _ = load_model(run_dir)
     return model.to(device).eval()
 
@@ -161,11 +160,7 @@ def _weight_runs(root: Path) -> list[Path]:
 
 
 def _load_export(export: Path, device: str) -> EmbeddingModel:
-    from lmk.model import EmbeddingModel
-
     if (export / "modules.json").is_file():  # a sentence-transformers export (lmk.export)
-        from lmk.export import load_exported
-
         return load_exported(export, device=device).eval()
     return EmbeddingModel.from_pretrained(export).to(device).eval()  # a save_pretrained folder
 
@@ -185,8 +180,6 @@ def load_models(
     conf/encoder/ built once (untrained heads; random init for tiny-modernbert) and re-pooled with each
     of conf/pooling/ via with_pooling, so the poolings of one encoder share the very same weights.
     """
-    from lmk.model import EmbeddingModel
-
     models: dict[str, EmbeddingModel] = {}
     if results_dir is not None:
         root = Path(results_dir)

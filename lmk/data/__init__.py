@@ -4,7 +4,7 @@ Submodules are imported lazily by their users (`lmk.data.datamodule`, `lmk.data.
 importing `lmk.data` stays cheap.
 """
 
-from lmk.data.config import DataConfig, SourceConfig
+from lmk.config.data import DataConfig, SourceConfig
 from lmk.data.retrieval import RetrievalCorpus
 
 __all__ = ["DataConfig", "SourceConfig", "RetrievalCorpus"]

@@ -26,9 +26,10 @@ import datasets
 import lightning as L
 import numpy as np
 import torch
+from datasets.distributed import split_dataset_by_node
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset
 
-from lmk.data.config import DataConfig, SourceConfig
+from lmk.config.data import DataConfig, SourceConfig
 from lmk.data.pairs import ReadStats, load_pairs, read_source, source_fingerprint
 
 log = logging.getLogger(__name__)
@@ -316,7 +317,7 @@ class PairCollator:
 
 # -------------------------------------------------------------------------------------- datamodule
 class PairDataModule(L.LightningDataModule):
-    """Training pairs from one or more weighted BGE-format sources (see `lmk.data.config.DataConfig`)."""
+    """Training pairs from one or more weighted BGE-format sources (see `lmk.config.data.DataConfig`)."""
 
     def __init__(
         self,
@@ -427,8 +428,6 @@ class PairDataModule(L.LightningDataModule):
             else:
                 stream = streams[0]
             if world > 1:
-                from datasets.distributed import split_dataset_by_node
-
                 stream = split_dataset_by_node(stream, rank=rank, world_size=world)
             self.train_set = StreamingPairDataset(stream, c.group_size, c.seed, rank, c.shuffle_buffer)
             return

@@ -17,14 +17,25 @@ alternative, at once (the offline check runs before any download attempt).
 from __future__ import annotations
 
 import hashlib
+import json
+import logging
 import os
+import shutil
+import tempfile
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import datasets
+import pyarrow as pa
+import pyarrow.parquet as pq
+import yaml
+from filelock import FileLock
+
 from lmk.data.retrieval import RetrievalCorpus
-from lmk.files import follow_umask
+from lmk.hub.offline import hub_offline
+from lmk.run.files import follow_umask
 
 BGE_FULL_DATA_ID = "cfli/bge-full-data"
 LONGEMBED_ID = "dwzhu/LongEmbed"
@@ -45,18 +56,12 @@ class HubUnavailableError(RuntimeError):
     """The hub cannot be reached (offline); the message names the offline alternative."""
 
 
-def hub_offline() -> bool:
-    return any(os.environ.get(v, "").lower() in ("1", "true", "yes", "on") for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
-
-
 def _load(repo: str, **kwargs: Any) -> Any:
     alternative = _OFFLINE_ALTERNATIVE.get(repo, "a local file")
     if hub_offline():
         raise HubUnavailableError(
             f"{repo} needs the Hugging Face hub but HF_HUB_OFFLINE is set; offline, use {alternative}"
         )
-    import datasets
-
     try:
         return datasets.load_dataset(repo, **kwargs)
     except Exception as err:  # connection errors come in many types across datasets versions
@@ -117,8 +122,6 @@ BGE_COLUMNS = ("query", "pos", "neg", "category", "type", "prompt", "pos_scores"
 
 def bge_features() -> Any:
     """`datasets.Features` of a BGE "full data" parquet shard (the hub repo's schema)."""
-    import datasets
-
     text, texts, scores = datasets.Value("string"), datasets.List(datasets.Value("string")), datasets.List(datasets.Value("float32"))
     kinds = {"query": text, "pos": texts, "neg": texts, "category": text, "type": text, "prompt": text,
              "pos_scores": scores, "neg_scores": scores}
@@ -126,8 +129,6 @@ def bge_features() -> Any:
 
 
 def _card_yaml(splits: Mapping[str, Sequence[Mapping[str, Any]]], sizes: Mapping[str, int]) -> str:
-    import yaml
-
     features = [
         {"name": c, "sequence": "float32"} if c.endswith("_scores") else
         {"name": c, "sequence": "string"} if c in ("pos", "neg") else {"name": c, "dtype": "string"}
@@ -165,9 +166,6 @@ def write_bge_folder(
     (default 1) contiguous parquet files ``data/<split>-NNNNN-of-NNNNN.parquet``. Returns
     {relative path: {"sha256", "bytes", "rows"}} for an integrity check (`check_bge_folder`).
     """
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     folder = Path(folder)
     (folder / "data").mkdir(parents=True, exist_ok=True)
     schema = bge_features().arrow_schema
@@ -205,8 +203,6 @@ def check_bge_folder(folder: str | os.PathLike, files: Mapping[str, Mapping[str,
 
 def check_built_folder(folder: str | os.PathLike, fingerprint: str) -> str | None:
     """None when `folder` holds an intact build (meta.json fingerprint and file hashes match), else why not."""
-    import json
-
     meta_path = Path(folder) / "meta.json"
     if not meta_path.exists():
         return "no meta.json"
@@ -234,13 +230,6 @@ def ensure_built_folder(
     temporary sibling folder that replaces `folder` only when complete (an interrupted build never looks
     valid), under a file lock so that ranks or jobs sharing a cache build it once.
     """
-    import json
-    import logging
-    import shutil
-    import tempfile
-
-    from filelock import FileLock
-
     log = logging.getLogger(__name__)
     folder = Path(folder)
     if not rebuild and check_built_folder(folder, fingerprint) is None:

@@ -31,10 +31,10 @@ from typing import Any
 
 import numpy as np
 
+from lmk.config.eval import LENGTHS
 from lmk.data.hub import load_longembed  # noqa: F401 - re-exported: the real LongEmbed for users online
 from lmk.data.retrieval import RetrievalCorpus
 
-LENGTHS: tuple[int, ...] = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
 PASSKEY_LINE = "{name}'s pass key is {key}. Remember it. {key} is the pass key for {name}."
 PASSKEY_QUERY = "what is the passkey for {name}?"

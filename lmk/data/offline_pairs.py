@@ -36,11 +36,15 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import bm25s
 import datasets
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from lmk.data.hub import bge_features, check_built_folder, ensure_built_folder
 from lmk.data.retrieval import RetrievalCorpus
+from lmk.run.files import cache_root
 
 log = logging.getLogger(__name__)
 
@@ -167,8 +171,6 @@ def _split_of(query: str, test_fraction: float) -> str:
 
 def mine_negatives(queries: list[str], docs: list[str], n_negatives: int, seed: int) -> list[list[int]]:
     """For query i (whose positive is docs[i]): n_negatives BM25 hard-negative doc indices != i."""
-    import bm25s
-
     n = len(docs)
     if n < 2 or n_negatives == 0:
         return [[] for _ in queries]
@@ -232,17 +234,6 @@ def build_offline_pairs(
 
 
 # -------------------------------------------------------------------------------------------- cache
-def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
-    """`cache_dir`, else $LMK_CACHE, else the platform's user cache dir for "lmk"."""
-    if cache_dir is not None:
-        return Path(cache_dir)
-    if os.environ.get("LMK_CACHE"):
-        return Path(os.environ["LMK_CACHE"])
-    import platformdirs
-
-    return Path(platformdirs.user_cache_dir("lmk"))
-
-
 def offline_fingerprint(
     packages: Sequence[str] = DEFAULT_PACKAGES, max_rows: int | None = None, n_negatives: int = N_NEGATIVES
 ) -> str:
@@ -303,9 +294,6 @@ def load_offline_pairs(
     if split not in SPLITS:
         raise ValueError(f"offline pairs split {split!r} is not valid; allowed values: {', '.join(SPLITS)}")
     folder = ensure_offline_pairs(cache_dir, packages, max_rows, rebuild)
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     table = pa.concat_tables(pq.read_table(f) for f in sorted((folder / "data").glob(f"{split}-*.parquet")))
     return datasets.Dataset.from_dict(table.to_pydict(), features=bge_features())
 

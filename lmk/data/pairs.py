@@ -34,9 +34,10 @@ from pathlib import Path
 from typing import Any
 
 import datasets
+import pyarrow.parquet as pq
 
+from lmk.config.data import LOCAL_SOURCE, REPLICA_PREFIX, SourceConfig
 from lmk.data import offline_pairs, replica
-from lmk.data.config import LOCAL_SOURCE, REPLICA_PREFIX, SourceConfig
 
 log = logging.getLogger(__name__)
 
@@ -158,8 +159,6 @@ def iter_raw(path: Path) -> Iterator[tuple[str, Any]]:
     """(where, raw record) for every row of one file; JSON syntax errors come back as exceptions."""
     name = str(path)
     if name.lower().endswith(".parquet"):
-        import pyarrow.parquet as pq
-
         row = 0
         for batch in pq.ParquetFile(path).iter_batches(batch_size=1024):
             for rec in batch.to_pylist():

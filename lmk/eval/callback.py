@@ -6,7 +6,7 @@ on where it was), under an autocast of `eval.precision` (auto: bf16 on GPUs, fp3
 Lightning's own autocast covers only the training step. Every score goes to the trainer's loggers (eval/<task>, eval/<task>/<split>,
 eval/group/<group>: one W&B panel per task and per length) and into the run's results.json
 (`eval` for the fit-end suite, `eval_history.<step>` for mid-training evals) via
-`lmk.results.update_results`, so nothing already written is lost.
+`lmk.run.results.update_results`, so nothing already written is lost.
 """
 
 from __future__ import annotations
@@ -17,9 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
+import torch
 
-from lmk.eval.config import EvalConfig
-from lmk.results import update_results
+from lmk.config.eval import EvalConfig
+from lmk.eval.runner import run_suite
+from lmk.eval.suites import build_tasks
+from lmk.run.results import update_results
 
 log = logging.getLogger(__name__)
 
@@ -32,8 +35,6 @@ def _embedding_model(pl_module: Any) -> Any:
 
 def _check_device(spec: str, device: Any) -> None:
     """eval.device is for `lmk.evaluate`; during a fit the trainer's device is used (say so if they differ)."""
-    import torch
-
     if spec == "auto":
         return
     want, have = torch.device(spec), torch.device(device)
@@ -55,14 +56,12 @@ class EvalCallback(pl.Callback):
     def _build_tasks(self) -> list[Any]:
         # Built once (names + network checked, local data regenerated), reused at every eval.
         if self._tasks is None:
-            from lmk.eval.suites import build_tasks
-
             self._tasks = build_tasks(self.cfg)
         return self._tasks
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         # Build the tasks (local data regenerated, hub tasks pointed at the mirror) before the first step;
-        # names and offline availability were checked before the model was built (lmk.prefetch).
+        # names and offline availability were checked before the model was built (lmk.hub.artifacts).
         if stage == "fit" and trainer.is_global_zero:
             self._build_tasks()
 
@@ -70,8 +69,6 @@ class EvalCallback(pl.Callback):
         step = int(trainer.global_step)
         section = None
         if trainer.is_global_zero:
-            from lmk.eval.runner import run_suite
-
             model = _embedding_model(pl_module)
             _check_device(self.cfg.device, pl_module.device)
             log.info("eval suite %s at step %d%s", self.cfg.name, step, " (fit end)" if final else "")

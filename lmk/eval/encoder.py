@@ -1,4 +1,4 @@
-"""mteb 2.x encoder adapter around `lmk.model.EmbeddingModel`.
+"""mteb 2.x encoder adapter around `lmk.model.embedding.EmbeddingModel`.
 
 mteb hands `encode` a DataLoader of dicts (`batch["text"]`) plus the prompt type; queries go to the
 "query" side and documents to the "passage" side, each with its own max length (8192 for the
@@ -24,11 +24,13 @@ from mteb.models.abs_encoder import AbsEncoder
 from mteb.models.model_meta import ModelMeta
 from mteb.types import PromptType
 
+from lmk.model.device import resolve_precision
+
 if TYPE_CHECKING:
     from mteb.abstasks.task_metadata import TaskMetadata
     from torch.utils.data import DataLoader
 
-    from lmk.model import EmbeddingModel
+    from lmk.model.embedding import EmbeddingModel
 
 logger = logging.getLogger(__name__)
 
@@ -52,8 +54,6 @@ class LmkEncoder(AbsEncoder):
         max_tokens_per_batch: int | None = None,
         precision: str = "fp32",
     ) -> None:
-        from lmk.device import resolve_precision
-
         checks = [("query_max_length", query_max_length), ("passage_max_length", passage_max_length),
                   ("batch_size", batch_size)]
         if max_tokens_per_batch is not None:  # None: batch_size rows per batch

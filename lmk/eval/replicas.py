@@ -2,7 +2,7 @@
 
 `python -m lmk.eval.replicas --mirror DIR` writes, under `DIR/datasets/<owner>/<name>/`, a folder that the
 REAL mteb task classes (`mteb.get_tasks([...])`) load unchanged under `HF_HUB_OFFLINE=1` once the mirror is
-active (`hub.mirror=DIR` or `LMK_HUB_MIRROR=DIR`, see `lmk.eval.mirror`): a README.md whose `configs:` block
+active (`hub.mirror=DIR` or `LMK_HUB_MIRROR=DIR`, see `lmk.hub.mirror`): a README.md whose `configs:` block
 names each config's parquet files, as on the hub. The content is the project's offline text, so the scores
 mean nothing about the paper; what they exercise is the exact path a cluster user takes offline.
 
@@ -23,20 +23,31 @@ Layouts (how mteb 2.26 reads each repo):
 from __future__ import annotations
 
 import argparse
+import ast
 import hashlib
 import json
 import logging
 import os
 import shutil
 import sys
+import sysconfig
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import datasets
+import mteb
+import numpy as np
 import yaml
+from datasets import Dataset
 
-from lmk.eval import mirror
+from lmk.data.longdocs import build_longdoc_corpus
+from lmk.data.longembed import generate_needle, generate_passkey, split_name
+from lmk.data.offline_pairs import offline_short_corpus
+from lmk.data.retrieval import RetrievalCorpus
+from lmk.eval.tasks import corpus_fingerprint
+from lmk.hub import mirror
 
 if TYPE_CHECKING:
     from lmk.data.retrieval import RetrievalCorpus
@@ -65,16 +76,12 @@ class Replica:
 
 def _short(seed: int) -> Callable[[Sizes], dict[str, RetrievalCorpus]]:
     def build(s: Sizes) -> dict[str, RetrievalCorpus]:
-        from lmk.data.offline_pairs import offline_short_corpus
-
         return {"_": offline_short_corpus(n_queries=s.n_queries, seed=s.seed + seed, n_docs=s.n_docs)}
     return build
 
 
 def _long(seed: int) -> Callable[[Sizes], dict[str, RetrievalCorpus]]:
     def build(s: Sizes) -> dict[str, RetrievalCorpus]:
-        from lmk.data.longdocs import build_longdoc_corpus
-
         return {"_": build_longdoc_corpus(n_docs=s.n_docs, n_queries=s.n_queries, seed=s.seed + seed)}
     return build
 
@@ -83,10 +90,6 @@ def _code(seed: int) -> Callable[[Sizes], dict[str, RetrievalCorpus]]:
     """Text-to-code retrieval (the COIR shape): query = a standard-library function's docstring summary,
     document = that function's source without its docstring."""
     def build(s: Sizes) -> dict[str, RetrievalCorpus]:
-        import numpy as np
-
-        from lmk.data.retrieval import RetrievalCorpus
-
         pool = _code_pool(max(4 * s.n_docs, 64))
         if len(pool) < s.n_docs:
             raise ValueError(f"code replica: only {len(pool)} documented stdlib functions found, {s.n_docs} asked")
@@ -102,9 +105,6 @@ def _code(seed: int) -> Callable[[Sizes], dict[str, RetrievalCorpus]]:
 def _code_pool(size: int) -> list[tuple[str, str]]:
     """(docstring summary, function source without its docstring) for the first `size` documented
     functions of the standard library's `json`, `email`, `http` ... packages, in a fixed order."""
-    import ast
-    import sysconfig
-
     out: list[tuple[str, str]] = []
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     for package in ("json", "email", "http", "logging", "urllib", "xml", "concurrent", "importlib"):
@@ -126,15 +126,11 @@ def _code_pool(size: int) -> list[tuple[str, str]]:
 
 
 def _passkey(s: Sizes) -> dict[str, RetrievalCorpus]:
-    from lmk.data.longembed import generate_passkey, split_name
-
     data = generate_passkey(lengths=s.lengths, n_docs=s.n_docs, n_queries=s.n_queries, seed=s.seed)
     return {split_name(length): rc for length, rc in data.items()}
 
 
 def _needle(s: Sizes) -> dict[str, RetrievalCorpus]:
-    from lmk.data.longembed import generate_needle, split_name
-
     data = generate_needle(lengths=s.lengths, n_docs=s.n_docs, n_queries=s.n_queries, seed=s.seed)
     return {split_name(length): rc for length, rc in data.items()}
 
@@ -158,16 +154,12 @@ REPLICAS: dict[str, Replica] = {r.task: r for r in (
 
 def task_dataset(task_name: str) -> dict[str, Any]:
     """The task's `metadata.dataset` as mteb publishes it (path, revision, maybe name)."""
-    import mteb
-
     return dict(type(mteb.get_task(task_name)).metadata.dataset)
 
 
 def _eval_split(task_name: str, split: str) -> str:
     if split != "_":
         return split
-    import mteb
-
     splits = type(mteb.get_task(task_name)).metadata.eval_splits
     # MultiLongDocRetrieval lists dev and test; the paper (and our config) evaluates test.
     return "test" if "test" in splits else splits[0]
@@ -175,8 +167,6 @@ def _eval_split(task_name: str, split: str) -> str:
 
 def _write(folder: Path, config: str, split: str, rows: list[dict[str, Any]], configs: dict[str, dict[str, str]],
            tag: str) -> None:
-    from datasets import Dataset
-
     # The content tag in the file name: `datasets` caches a local folder's data under a hash of the README's
     # config block (file patterns, not contents), so a rewritten replica with the same names would be read
     # back from the stale cache.
@@ -222,16 +212,12 @@ def _longembed(folder: Path, name: str, splits: dict[str, RetrievalCorpus], conf
 
 
 def _content_hash(splits: dict[str, RetrievalCorpus]) -> str:
-    from lmk.eval.tasks import corpus_fingerprint
-
     return hashlib.sha256(json.dumps({s: corpus_fingerprint(rc) for s, rc in sorted(splits.items())}).encode()
                           ).hexdigest()[:12]
 
 
 def write_replicas(root: str | os.PathLike, tasks: Sequence[str] | None = None, sizes: Sizes | None = None) -> list[dict[str, Any]]:
     """Write the replicas of `tasks` (default: all) under mirror `root`; returns the manifest entries."""
-    import datasets
-
     datasets.disable_progress_bars()
     sizes = sizes or Sizes()
     names = list(tasks) if tasks else list(REPLICAS)

@@ -24,15 +24,15 @@ import mteb
 from mteb.abstasks.abstask import AbsTask
 from mteb.abstasks.aggregated_task import AbsTaskAggregate
 
-from lmk.eval.config import EvalConfig
+from lmk.config.eval import EvalConfig
 from lmk.eval.encoder import LmkEncoder
 from lmk.eval.scoring import group_scores, metric_key, per_query_scores, split_key, summarize_scores
 from lmk.eval.suites import build_tasks
-from lmk.files import write_json
-from lmk.loggers import quiet_progress_bars
+from lmk.run.files import write_json
+from lmk.run.loggers import quiet_progress_bars
 
 if TYPE_CHECKING:
-    from lmk.model import EmbeddingModel
+    from lmk.model.embedding import EmbeddingModel
 
 log = logging.getLogger(__name__)
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from scipy import stats
 
 LONGEMBED6: tuple[str, ...] = (
     "LEMBPasskeyRetrieval",
@@ -147,8 +148,6 @@ def paired_ttest(
     `a`, `b`: per_query dicts {task: {split: {qid: score}}}. Returns t, p (two-sided), n, mean_a,
     mean_b, mean_diff (a - b). p is NaN when the differences are all equal (t undefined).
     """
-    from scipy import stats
-
     def select(pq: Mapping[str, Any]) -> dict[tuple[str, ...], float]:
         if task is not None:
             if task not in pq:

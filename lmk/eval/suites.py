@@ -13,9 +13,12 @@ from functools import lru_cache
 
 import mteb
 from mteb.abstasks.abstask import AbsTask
+from mteb.abstasks.aggregated_task import AbsTaskAggregate
 
-from lmk.eval.config import LOCAL_TASKS, EvalConfig, EvalConfigError
-from lmk.eval.mirror import apply_mirror
+from lmk.config.eval import EvalConfig, EvalConfigError
+from lmk.eval.tasks import LOCAL_TASKS, build_local_task
+from lmk.hub.artifacts import hub_task_names
+from lmk.hub.mirror import apply_mirror
 
 logger = logging.getLogger(__name__)
 
@@ -25,15 +28,9 @@ class UnknownTaskError(EvalConfigError):
 
 
 @lru_cache(maxsize=1)
-def mteb_task_names() -> tuple[str, ...]:
-    """Names of every task mteb knows (no data is loaded)."""
-    from mteb.get_tasks import _TASKS_REGISTRY
-
-    return tuple(sorted(_TASKS_REGISTRY))
-
-
 def valid_task_names() -> tuple[str, ...]:
-    return (*LOCAL_TASKS, *mteb_task_names())
+    """Local task names, then every mteb task name (no data is loaded)."""
+    return (*LOCAL_TASKS, *sorted(hub_task_names()))
 
 
 def check_task_names(names: Sequence[str]) -> None:
@@ -54,11 +51,9 @@ def check_task_names(names: Sequence[str]) -> None:
 
 def build_tasks(cfg: EvalConfig) -> list[AbsTask]:
     """The suite's mteb tasks, in config order (names checked first). A hub task whose dataset is in the
-    hub mirror (`lmk.eval.mirror`) reads it from there; whether each one's data is at hand offline is
-    checked before compute by `lmk.prefetch.check_available` (config validation), not here."""
+    hub mirror (`lmk.hub.mirror`) reads it from there; whether each one's data is at hand offline is
+    checked before compute by `lmk.hub.artifacts.check_available` (config validation), not here."""
     check_task_names(cfg.tasks)
-    from lmk.eval.tasks import build_local_task  # heavy data imports only when needed
-
     tasks: list[AbsTask] = []
     for name in cfg.tasks:
         if name in LOCAL_TASKS:
@@ -67,8 +62,6 @@ def build_tasks(cfg: EvalConfig) -> list[AbsTask]:
         opts = cfg.task_options.get(name, {})
         task = mteb.get_task(name, languages=opts.get("languages"), eval_splits=opts.get("eval_splits"),
                              hf_subsets=opts.get("hf_subsets"))
-        from mteb.abstasks.aggregated_task import AbsTaskAggregate
-
         # an aggregate (CQADupstackRetrieval) loads through its sub-tasks: each reads its own mirrored repo
         for leaf in task.metadata.tasks if isinstance(task, AbsTaskAggregate) else [task]:
             folder = apply_mirror(leaf)

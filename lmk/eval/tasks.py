@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 from datasets import Dataset
 from mteb.abstasks.retrieval import AbsTaskRetrieval
@@ -24,10 +24,9 @@ from mteb.abstasks.task_metadata import TaskMetadata
 from mteb.tasks.retrieval.eng.lemb_needle_retrieval import LEMBNeedleRetrieval
 from mteb.tasks.retrieval.eng.lemb_passkey_retrieval import LEMBPasskeyRetrieval
 
-from lmk.eval.config import LOCAL_TASKS, EvalConfig
-
-if TYPE_CHECKING:
-    from lmk.data.retrieval import RetrievalCorpus
+from lmk.config.eval import EvalConfig
+from lmk.data import longdocs, longembed, offline_pairs
+from lmk.data.retrieval import RetrievalCorpus
 
 logger = logging.getLogger(__name__)
 
@@ -109,7 +108,27 @@ class _InMemoryRetrieval(AbsTaskRetrieval):
     def corpora(self) -> dict[str, RetrievalCorpus]:
         return dict(self._corpora)
 
+    @classmethod
+    def splits(cls, cfg: EvalConfig) -> dict[str, RetrievalCorpus]:
+        """The task's data, regenerated at the sizes of suite `cfg`: {split: RetrievalCorpus}."""
+        raise NotImplementedError
 
+
+# ---- the registry: every local task class, by its mteb task name ------------------------------------
+LOCAL_TASK_CLASSES: dict[str, type[_InMemoryRetrieval]] = {}
+
+
+def local_task(cls: type[_InMemoryRetrieval]) -> type[_InMemoryRetrieval]:
+    """Class decorator: register a local task under its `metadata.name` (a duplicate name is an error)."""
+    name = cls.metadata.name
+    if name in LOCAL_TASK_CLASSES:
+        raise ValueError(f"local task {name!r} is registered twice ({LOCAL_TASK_CLASSES[name].__qualname__} and "
+                         f"{cls.__qualname__}); give each task its own metadata name")
+    LOCAL_TASK_CLASSES[name] = cls
+    return cls
+
+
+@local_task
 class LocalPasskey(_InMemoryRetrieval, LEMBPasskeyRetrieval):
     """Regenerated LongEmbed passkey task (Acc@1 = nDCG@1 per `test_<L>` split)."""
 
@@ -122,7 +141,14 @@ class LocalPasskey(_InMemoryRetrieval, LEMBPasskeyRetrieval):
         }
     )
 
+    @classmethod
+    def splits(cls, cfg: EvalConfig) -> dict[str, RetrievalCorpus]:
+        by_length = longembed.generate_passkey(lengths=tuple(cfg.lengths), n_docs=cfg.n_docs, n_queries=cfg.n_queries,
+                                               seed=cfg.seed)
+        return {f"test_{length}": by_length[length] for length in cfg.lengths}
 
+
+@local_task
 class LocalNeedle(_InMemoryRetrieval, LEMBNeedleRetrieval):
     """Regenerated LongEmbed needle task (Acc@1 = nDCG@1 per `test_<L>` split)."""
 
@@ -134,6 +160,12 @@ class LocalNeedle(_InMemoryRetrieval, LEMBNeedleRetrieval):
             "sample_creation": "created",
         }
     )
+
+    @classmethod
+    def splits(cls, cfg: EvalConfig) -> dict[str, RetrievalCorpus]:
+        by_length = longembed.generate_needle(lengths=tuple(cfg.lengths), n_docs=cfg.n_docs, n_queries=cfg.n_queries,
+                                              seed=cfg.seed)
+        return {f"test_{length}": by_length[length] for length in cfg.lengths}
 
 
 def _local_metadata(name: str, description: str, domains: list[str]) -> TaskMetadata:
@@ -159,6 +191,7 @@ def _local_metadata(name: str, description: str, domains: list[str]) -> TaskMeta
     )
 
 
+@local_task
 class LocalLongDoc(_InMemoryRetrieval):
     """Offline long-document task (an MLDR stand-in): summary -> whole module source, nDCG@10."""
 
@@ -169,7 +202,12 @@ class LocalLongDoc(_InMemoryRetrieval):
         ["Programming", "Written"],
     )
 
+    @classmethod
+    def splits(cls, cfg: EvalConfig) -> dict[str, RetrievalCorpus]:
+        return {"test": longdocs.build_longdoc_corpus(n_docs=cfg.longdoc_n_docs, seed=cfg.seed)}
 
+
+@local_task
 class LocalShort(_InMemoryRetrieval):
     """Offline short retrieval task: held-out docstring summary -> docstring body, nDCG@10."""
 
@@ -180,36 +218,20 @@ class LocalShort(_InMemoryRetrieval):
         ["Programming", "Written"],
     )
 
+    @classmethod
+    def splits(cls, cfg: EvalConfig) -> dict[str, RetrievalCorpus]:
+        return {"test": offline_pairs.offline_short_corpus(n_queries=cfg.short_n_queries, seed=cfg.seed,
+                                                           n_docs=cfg.short_n_docs)}
 
-LOCAL_TASK_CLASSES: dict[str, type[_InMemoryRetrieval]] = {
-    "LocalPasskey": LocalPasskey,
-    "LocalNeedle": LocalNeedle,
-    "LocalLongDoc": LocalLongDoc,
-    "LocalShort": LocalShort,
-}
-assert tuple(LOCAL_TASK_CLASSES) == LOCAL_TASKS
+
+LOCAL_TASKS: tuple[str, ...] = tuple(LOCAL_TASK_CLASSES)
 
 
 def build_local_task(name: str, cfg: EvalConfig) -> _InMemoryRetrieval:
     """Regenerate the data of local task `name` at the sizes in `cfg` and wrap it as an mteb task."""
     if name not in LOCAL_TASK_CLASSES:
         raise ValueError(f"unknown local task {name!r}; local tasks are {list(LOCAL_TASK_CLASSES)}")
-    corpora: dict[str, RetrievalCorpus]
-    if name in ("LocalPasskey", "LocalNeedle"):
-        from lmk.data import longembed
-
-        gen = longembed.generate_passkey if name == "LocalPasskey" else longembed.generate_needle
-        by_length = gen(lengths=tuple(cfg.lengths), n_docs=cfg.n_docs, n_queries=cfg.n_queries, seed=cfg.seed)
-        corpora = {f"test_{length}": by_length[length] for length in cfg.lengths}
-    elif name == "LocalLongDoc":
-        from lmk.data import longdocs
-
-        corpora = {"test": longdocs.build_longdoc_corpus(n_docs=cfg.longdoc_n_docs, seed=cfg.seed)}
-    else:
-        from lmk.data import offline_pairs
-
-        corpora = {"test": offline_pairs.offline_short_corpus(n_queries=cfg.short_n_queries, seed=cfg.seed,
-                                                              n_docs=cfg.short_n_docs)}
-    task = LOCAL_TASK_CLASSES[name](corpora)
+    cls = LOCAL_TASK_CLASSES[name]
+    task = cls(cls.splits(cfg))
     logger.info("built local task %s: splits %s", name, task.split_fingerprints)
     return task

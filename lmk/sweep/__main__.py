@@ -1,5 +1,7 @@
+"""`python -m lmk.sweep`."""
+
 import sys
 
-from lmk.experiments.sweep import main
+from lmk.sweep.driver import main
 
 sys.exit(main())

@@ -1,0 +1,32 @@
+"""Config layer (torch-free): the schemas of every config group, their validation and the shared checks.
+
+Everything here runs before any compute and imports neither torch nor any other lmk layer: a typo in a
+key or a value fails in about a second, naming the key and what is allowed.
+
+    schema.py   ConfigError, build_section / Coercible (typed dataclasses from mappings), get_key, plain
+    root.py     the root config (train / trainer / logger / launcher / hub sections), validate(cfg), seeds
+    model.py    EncoderConfig, PoolingConfig (groups encoder/, pooling/)
+    data.py     DataConfig, SourceConfig (group data/)
+    eval.py     EvalConfig (group eval/)
+    device.py   eval device / precision specs
+    registry.py the names of registered components (poolers, strategies), read from their source torch-free
+"""
+
+from lmk.config.data import DataConfig, SourceConfig
+from lmk.config.eval import EvalConfig, EvalConfigError
+from lmk.config.model import EncoderConfig, PoolingConfig
+from lmk.config.root import (
+    CONF_DIR,
+    RootConfig,
+    TrainSection,
+    derive_seeds,
+    effective_batch,
+    validate,
+)
+from lmk.config.schema import ConfigError, get_key, plain, to_container
+
+__all__ = [
+    "CONF_DIR", "ConfigError", "DataConfig", "EncoderConfig", "EvalConfig", "EvalConfigError", "PoolingConfig",
+    "RootConfig", "SourceConfig", "TrainSection", "derive_seeds", "effective_batch", "get_key", "plain",
+    "to_container", "validate",
+]

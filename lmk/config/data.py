@@ -1,0 +1,138 @@
+"""Structured config for the `data/` group: `DataConfig` (the PairDataModule's keys) and `SourceConfig`.
+
+Both validate in `__post_init__`, so a bad value fails when the config is composed/validated, before any
+file is read. `DataConfig.coerce(x)` accepts a dataclass, a DictConfig or a plain dict.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from lmk.config.schema import Coercible, plain
+
+# Named sources: a name that resolves to a BGE-format folder built on first use (lmk.data.pairs.resolve_source).
+# "local" is the offline default training set (lmk.data.offline_pairs); "replica:<name>" a local replica of a
+# hub training set in its real layout (lmk.data.replica).
+LOCAL_SOURCE = "local"
+SPLITS_LOCAL = ("train", "test")
+REPLICA_PREFIX = "replica:"
+REPLICAS = ("bge-full-data",)
+
+
+def is_named_source(path: str) -> bool:
+    """True for `local` and `replica:<name>`: names that resolve to a folder built in the cache."""
+    return path == LOCAL_SOURCE or path.startswith(REPLICA_PREFIX)
+
+
+def _check_int(cls: str, key: str, value: Any, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{cls}.{key}={value!r} is not valid; allowed values: an integer >= {minimum}")
+
+
+@dataclass
+class SourceConfig(Coercible):
+    """One training source in the BGE "full data" format.
+
+    path: a local .jsonl / .jsonl.gz / .json / .parquet file; a folder (a local copy of a hub dataset, or a
+      folder of such files); a `datasets` hub id (anything that is not an existing path); or a name that
+      resolves to a folder built in the cache: ``local`` (the offline default set) or
+      ``replica:bge-full-data`` (a replica of ``cfli/bge-full-data`` in its real layout).
+    weight: sampling multiplier per epoch: 1.0 uses each row once, 0.5 a (seeded, per-epoch) half of
+      the rows, 2.0 each row twice. Weights mix several sources (the BGE-M3 recipe).
+    split / data_files / subset / revision: passed to `datasets.load_dataset` for hub ids and folders alike
+      (``data_files`` patterns are relative to the folder or repo root).
+    """
+
+    @classmethod
+    def _prepare(cls, cfg: Any) -> Any:
+        return {"path": cfg} if isinstance(cfg, str) else cfg  # a bare path / hub id is a one-key source
+
+    path: str = LOCAL_SOURCE
+    weight: float = 1.0
+    split: str = "train"
+    name: str | None = None
+    data_files: Any = None
+    subset: str | None = None
+    revision: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.path, str) or not self.path.strip():
+            raise ValueError(
+                f"SourceConfig.path={self.path!r} is not valid; allowed values: a file path, "
+                f"{LOCAL_SOURCE!r} (offline default set) or a hub id such as 'cfli/bge-full-data'"
+            )
+        if isinstance(self.weight, bool) or not isinstance(self.weight, int | float) or not self.weight > 0:
+            raise ValueError(f"SourceConfig.weight={self.weight!r} is not valid; allowed values: a number > 0")
+        self.weight = float(self.weight)
+        if not isinstance(self.split, str) or not self.split:
+            raise ValueError(f"SourceConfig.split={self.split!r} is not valid; allowed values: a split name")
+        if self.path == LOCAL_SOURCE and self.split not in SPLITS_LOCAL:
+            raise ValueError(
+                f"SourceConfig.split={self.split!r} is not valid for the local source; allowed values: "
+                f"{', '.join(SPLITS_LOCAL)}"
+            )
+        if self.path.startswith(REPLICA_PREFIX) and self.path[len(REPLICA_PREFIX):] not in REPLICAS:
+            raise ValueError(
+                f"SourceConfig.path={self.path!r} is not valid; allowed replicas: "
+                f"{', '.join(REPLICA_PREFIX + r for r in REPLICAS)}"
+            )
+        if self.name is None:
+            self.name = self.path if self.path == LOCAL_SOURCE else self.path.rstrip("/").split("/")[-1]
+
+
+@dataclass
+class DataConfig(Coercible):
+    """Keys of `conf/data/*.yaml` (PairDataModule's arguments except the tokenizer / collator)."""
+
+    _target_: str = "lmk.data.datamodule.PairDataModule"
+    sources: list[Any] = field(default_factory=lambda: [{"path": LOCAL_SOURCE}])
+    group_size: int = 4
+    batch_size: int = 16
+    query_max_length: int = 128
+    passage_max_length: int = 512
+    num_workers: int = 0
+    pin_memory: bool | None = None
+    seed: int | None = 0  # data order and groups; null in a config: the root `seed`
+    skip_bad_rows: bool = False
+    max_rows: int | None = None
+    streaming: bool = False
+    drop_last: bool = True
+    shuffle_buffer: int = 10_000
+    cache_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        sources = plain(self.sources)
+        if isinstance(sources, str | dict):
+            sources = [sources]
+        if not isinstance(sources, list) or not sources:
+            raise ValueError(
+                f"DataConfig.sources={self.sources!r} is not valid; allowed values: a non-empty list of "
+                "sources ({path, weight, split, name})"
+            )
+        self.sources = [SourceConfig.coerce(s) for s in sources]
+        names = [s.name for s in self.sources]
+        if len(set(names)) != len(names):
+            raise ValueError(f"DataConfig.sources: duplicate source names {names}; give each a distinct `name`")
+        _check_int("DataConfig", "group_size", self.group_size, 1)
+        _check_int("DataConfig", "batch_size", self.batch_size, 1)
+        _check_int("DataConfig", "query_max_length", self.query_max_length, 2)
+        _check_int("DataConfig", "passage_max_length", self.passage_max_length, 2)
+        _check_int("DataConfig", "num_workers", self.num_workers, 0)
+        if self.seed is None:  # a group file used without lmk.config.derive_seeds (which sets the root seed)
+            self.seed = 0
+        _check_int("DataConfig", "seed", self.seed, 0)
+        _check_int("DataConfig", "shuffle_buffer", self.shuffle_buffer, 1)
+        if self.max_rows is not None:
+            _check_int("DataConfig", "max_rows", self.max_rows, 1)
+        for key in ("skip_bad_rows", "streaming", "drop_last"):
+            if not isinstance(getattr(self, key), bool):
+                raise ValueError(f"DataConfig.{key}={getattr(self, key)!r} is not valid; allowed values: true, false")
+        if self.pin_memory is not None and not isinstance(self.pin_memory, bool):
+            raise ValueError(
+                f"DataConfig.pin_memory={self.pin_memory!r} is not valid; allowed values: true, false, null (auto)"
+            )
+        if self._target_ != "lmk.data.datamodule.PairDataModule":
+            raise ValueError(
+                f"DataConfig._target_={self._target_!r} is not valid; allowed values: lmk.data.datamodule.PairDataModule"
+            )

@@ -1,0 +1,178 @@
+"""`EvalConfig`: the schema of the `eval/` config group (one YAML per suite in `conf/eval/`).
+
+A suite is data: task names, groups of tasks averaged into one number, per-side max lengths and the
+sizes of the regenerated offline tasks. Every value is checked here, before any model is loaded or
+any text encoded, and a bad value raises `EvalConfigError` naming the key and the allowed values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from lmk.config.device import check_device, check_precision
+from lmk.config.schema import Coercible
+
+# The LongEmbed lengths (in "tokens" = words / 0.75) the synthetic tasks are regenerated at (lmk.data.longembed).
+LENGTHS: tuple[int, ...] = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+OVERWRITE_STRATEGIES: tuple[str, ...] = ("only-missing", "always")
+TASK_OPTION_KEYS: tuple[str, ...] = ("eval_splits", "hf_subsets", "languages")
+
+
+class EvalConfigError(ValueError):
+    """A bad `eval.*` value; the message names the key, the value and what is allowed."""
+
+
+@dataclass
+class EvalConfig(Coercible):
+    _error = EvalConfigError  # not a field (no annotation): the error an unknown key raises
+
+    _target_: str | None = None
+    name: str = "none"
+    # mteb task names and/or local task names (LocalPasskey, LocalNeedle, LocalLongDoc, LocalShort).
+    tasks: list[str] = field(default_factory=list)
+    # group name -> task names; the group score is the plain mean of the tasks' main scores.
+    groups: dict[str, list[str]] = field(default_factory=dict)
+    # per-task mteb filters, e.g. {MultiLongDocRetrieval: {eval_splits: [test], hf_subsets: [en]}}.
+    task_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    query_max_length: int = 512
+    passage_max_length: int = 512
+    batch_size: int = 32
+    # Tokens per encode batch, padding counted (rows x longest row); null: batch_size rows per batch.
+    max_tokens_per_batch: int | None = 32768
+    # auto|cpu|cuda|cuda:N (auto: cuda when available) and auto|bf16|fp16|fp32 (auto: bf16 on GPUs, fp32 on
+    # CPU). The fit-end eval uses the trainer's device; precision is an autocast, the weights are not cast.
+    device: str = "auto"
+    precision: str = "auto"
+    # Callback schedule: every N optimizer steps (None = only at fit end) and at the end of fit.
+    every_n_steps: int | None = None
+    at_fit_end: bool = True
+    # Local tasks: which passkey/needle lengths and how many documents / queries to regenerate.
+    lengths: list[int] = field(default_factory=lambda: list(LENGTHS))
+    n_docs: int = 100
+    n_queries: int = 50
+    longdoc_n_docs: int = 100
+    short_n_queries: int = 200
+    short_n_docs: int | None = None  # None: every held-out docstring is a candidate
+    seed: int = 0
+    # Folder of the mteb ResultCache; None = <run dir>/mteb_cache.
+    cache_dir: str | None = None
+    overwrite: str = "only-missing"
+    show_progress: bool = True
+    # What the training job itself evaluates (the eval callback): "all" the suite, "none" (the sweep's eval
+    # stage evaluates the trained model as separate jobs, lmk.sweep.eval_stage), or a list of group names (a small
+    # dev subset).
+    in_training: Any = "all"
+
+    def __post_init__(self) -> None:
+        self.tasks = list(self.tasks)
+        self.lengths = [int(x) for x in self.lengths]
+        self.groups = {str(k): list(v) for k, v in dict(self.groups).items()}
+        self.task_options = {str(k): dict(v) for k, v in dict(self.task_options).items()}
+        self.check()
+
+    def check(self) -> None:
+        for key in ("query_max_length", "passage_max_length", "batch_size", "n_docs", "n_queries",
+                    "longdoc_n_docs", "short_n_queries"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise EvalConfigError(f"eval.{key}={value!r}: must be a positive integer")
+        if self.max_tokens_per_batch is not None and (
+            isinstance(self.max_tokens_per_batch, bool) or not isinstance(self.max_tokens_per_batch, int)
+            or self.max_tokens_per_batch < 1
+        ):
+            raise EvalConfigError(f"eval.max_tokens_per_batch={self.max_tokens_per_batch!r}: must be a positive "
+                                  "integer (tokens per batch, padding counted) or null (eval.batch_size rows)")
+        try:
+            check_device(self.device, "eval.device")
+            check_precision(self.precision, "eval.precision")
+        except ValueError as err:
+            raise EvalConfigError(str(err)) from None
+        if self.short_n_docs is not None and (isinstance(self.short_n_docs, bool) or not isinstance(
+                self.short_n_docs, int) or self.short_n_docs < self.short_n_queries):
+            raise EvalConfigError(f"eval.short_n_docs={self.short_n_docs!r}: must be null or an integer "
+                                  f">= eval.short_n_queries ({self.short_n_queries})")
+        if self.every_n_steps is not None and (
+            isinstance(self.every_n_steps, bool) or not isinstance(self.every_n_steps, int)
+            or self.every_n_steps < 1
+        ):
+            raise EvalConfigError(
+                f"eval.every_n_steps={self.every_n_steps!r}: must be a positive integer or null (fit end only)"
+            )
+        if self.n_queries > self.n_docs:
+            raise EvalConfigError(
+                f"eval.n_queries={self.n_queries} > eval.n_docs={self.n_docs}: each passkey/needle query "
+                "needs its own document; lower n_queries or raise n_docs"
+            )
+        bad = [x for x in self.lengths if x not in LENGTHS]
+        if bad or not self.lengths:
+            raise EvalConfigError(f"eval.lengths={self.lengths!r}: allowed lengths are {list(LENGTHS)} (non-empty)")
+        if len(set(self.lengths)) != len(self.lengths):
+            raise EvalConfigError(f"eval.lengths={self.lengths!r}: lengths repeat")
+        if len(set(self.tasks)) != len(self.tasks):
+            raise EvalConfigError(f"eval.tasks={self.tasks!r}: a task is listed twice")
+        if self.overwrite not in OVERWRITE_STRATEGIES:
+            raise EvalConfigError(f"eval.overwrite={self.overwrite!r}: allowed {list(OVERWRITE_STRATEGIES)}")
+        # `eval.tasks=[...]` on the command line runs a subset of a suite: groups with none of their tasks
+        # left are dropped; a group with only some of them would average the wrong thing, so it fails.
+        self.groups = {g: m for g, m in self.groups.items() if not m or any(t in self.tasks for t in m)}
+        for group, members in self.groups.items():
+            missing = [t for t in members if t not in self.tasks]
+            if missing or not members:
+                raise EvalConfigError(
+                    f"eval.groups.{group}={members!r}: tasks {missing} are not in eval.tasks {self.tasks} "
+                    "(a group averages tasks of this suite; list at least one)"
+                )
+        if isinstance(self.in_training, str):
+            if self.in_training not in ("all", "none"):
+                raise EvalConfigError(f"eval.in_training={self.in_training!r}: allowed 'all', 'none' or a list of "
+                                      f"group names of this suite {sorted(self.groups)}")
+        else:
+            self.in_training = [str(g) for g in self.in_training]
+            unknown = [g for g in self.in_training if g not in self.groups]
+            if unknown:
+                raise EvalConfigError(f"eval.in_training: groups {unknown} are not groups of this suite "
+                                      f"{sorted(self.groups)}")
+        for task, opts in self.task_options.items():
+            unknown = [k for k in opts if k not in TASK_OPTION_KEYS]
+            if unknown:
+                raise EvalConfigError(
+                    f"eval.task_options.{task}: unknown keys {unknown}; allowed {list(TASK_OPTION_KEYS)}"
+                )
+
+        # A subset of the suite (`eval.tasks=[...]`, an eval-stage shard) keeps only its tasks' options; the
+        # option names themselves are checked against mteb's registry before compute (lmk.hub.artifacts.preflight).
+        self.task_options = {t: o for t, o in self.task_options.items() if t in self.tasks}
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.tasks)
+
+    def training_view(self) -> EvalConfig:
+        """The part of the suite the training job evaluates (`in_training`); all of it by default."""
+        if self.in_training == "all":
+            return self
+        groups = [] if self.in_training == "none" else list(self.in_training)
+        tasks = [t for t in self.tasks if any(t in self.groups[g] for g in groups)]
+        return EvalConfig.from_cfg({**{f.name: getattr(self, f.name) for f in fields(self)}, "tasks": tasks,
+                                    "groups": {g: self.groups[g] for g in groups}, "in_training": "all",
+                                    "task_options": {t: o for t, o in self.task_options.items() if t in tasks}})
+
+    @classmethod
+    def _prepare(cls, cfg: Any) -> Any:
+        if cfg is None:
+            return {}
+        if not isinstance(cfg, Mapping):
+            raise EvalConfigError(f"eval config must be a mapping, got {type(cfg).__name__}")
+        return dict(cfg)
+
+    @classmethod
+    def from_cfg(cls, cfg: Any) -> EvalConfig:
+        """Build from a DictConfig / mapping / EvalConfig; unknown keys are an error naming the known ones."""
+        return cls.coerce(cfg)
+
+
+def validate_eval_config(cfg: Any) -> EvalConfig:
+    """Check an `eval` config section (used by lmk.config.validate); returns the typed config."""
+    return EvalConfig.from_cfg(cfg)

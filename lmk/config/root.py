@@ -1,0 +1,317 @@
+"""The root config of `python -m lmk.train` and `validate(cfg)`, which runs before any compute.
+
+The root schema composes the group schemas (`lmk.config.model` EncoderConfig / PoolingConfig,
+`lmk.config.data` DataConfig, `lmk.config.eval` EvalConfig) with the sections defined here (train / trainer /
+logger / launcher / hub). A typo'd key or a bad value raises ConfigError naming the key, the bad value and the
+allowed values or keys. Nothing here imports torch. Checks against this machine (data paths exist, task names
+resolve, hub data on disk) are the entry points' preflight (`lmk.eval.preflight`), run after this.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from omegaconf import OmegaConf, open_dict
+
+from lmk.config.data import DataConfig
+from lmk.config.eval import EvalConfig
+from lmk.config.model import EncoderConfig, PoolingConfig
+from lmk.config.schema import ConfigError, at_least, build_section, choice, positive, to_container
+
+PRECISIONS = ("32", "32-true", "64", "64-true", "16", "16-mixed", "bf16", "bf16-mixed", "16-true", "bf16-true",
+              "transformer-engine")
+ACCELERATORS = ("cpu", "gpu", "cuda", "mps", "tpu", "auto")
+LOGGERS = ("wandb", "csv", "none")
+
+# The Hydra config groups (conf/): every module that composes a config outside Hydra's own entry points.
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+
+
+# ---- sections owned here -----------------------------------------------------------------------
+@dataclass
+class TrainSection:
+    """Loss, optimiser and checkpoint settings (`train.*`). The step budget is `trainer.max_steps`."""
+
+    tau: float = 0.02
+    lr: float = 2e-5
+    weight_decay: float = 0.0  # the authors never set it (HF TrainingArguments' default)
+    warmup_steps: int = 250
+    # DeepSpeed WarmupDecayLR's warm-up curve (the authors' scheduler; log is its default), then linear decay
+    warmup_shape: Literal["log", "linear"] = "log"
+    # loss multiplier for backward only (1.0: gradient of the global-batch mean; see docs/method.md)
+    grad_scale: float = 1.0
+    grad_cache: bool = False
+    grad_cache_chunk: int = 32
+    gather_across_devices: bool = True
+    in_batch_negatives: bool = True
+    use_teacher_scores: bool = True
+    teacher_temperature: float = 1.0
+    # The metric the best checkpoint and the sweep optimise (an eval metric name, or train/loss).
+    monitor: str = "train/loss"
+    monitor_mode: Literal["min", "max"] = "min"
+    checkpoint_every_n_steps: int = 0  # 0 = only at the end of fit (last.ckpt is always written)
+    export: bool = True
+
+    def __post_init__(self) -> None:
+        positive("train.tau", self.tau)
+        positive("train.lr", self.lr)
+        positive("train.teacher_temperature", self.teacher_temperature)
+        positive("train.grad_scale", self.grad_scale)
+        at_least("train.weight_decay", self.weight_decay, 0)
+        at_least("train.warmup_steps", self.warmup_steps, 0)
+        at_least("train.grad_cache_chunk", self.grad_cache_chunk, 1)
+        at_least("train.checkpoint_every_n_steps", self.checkpoint_every_n_steps, 0)
+
+
+@dataclass
+class TrainerSection:
+    """The `lightning.pytorch.Trainer` arguments the project uses (a typo is an error, not ignored)."""
+
+    _target_: str = "lightning.pytorch.Trainer"
+    accelerator: str = "cpu"
+    devices: Any = 1
+    num_nodes: int = 1
+    strategy: str = "auto"
+    precision: Any = "32-true"
+    max_steps: int = 5000
+    max_epochs: int | None = None
+    min_steps: int | None = None
+    gradient_clip_val: float | None = 1.0
+    gradient_clip_algorithm: Literal["norm", "value"] = "norm"
+    accumulate_grad_batches: int = 1
+    deterministic: Any = True
+    benchmark: bool | None = None
+    log_every_n_steps: int = 10
+    val_check_interval: Any = None
+    check_val_every_n_epoch: int | None = 1
+    limit_train_batches: Any = None
+    limit_val_batches: Any = None
+    num_sanity_val_steps: int | None = None
+    enable_progress_bar: bool = True
+    enable_model_summary: bool = True
+    enable_checkpointing: bool = True
+    use_distributed_sampler: bool = True
+    sync_batchnorm: bool = False
+    fast_dev_run: Any = False
+    default_root_dir: str | None = None
+    reload_dataloaders_every_n_epochs: int = 0
+    profiler: str | None = None
+
+    def __post_init__(self) -> None:
+        if self._target_ != "lightning.pytorch.Trainer":
+            raise ConfigError(f"trainer._target_={self._target_!r} is not valid; allowed values: lightning.pytorch.Trainer")
+        choice("trainer.accelerator", self.accelerator, ACCELERATORS)
+        choice("trainer.precision", str(self.precision), PRECISIONS)
+        if self.deterministic not in (True, False, "warn", None):
+            raise ConfigError(f"trainer.deterministic={self.deterministic!r} is not valid; allowed values: true, false, warn")
+        if isinstance(self.max_steps, bool) or self.max_steps == 0 or self.max_steps < -1:
+            raise ConfigError(f"trainer.max_steps={self.max_steps!r} is not valid; allowed values: an int >= 1 (or -1 with max_epochs)")
+        if self.max_steps == -1 and not self.max_epochs:
+            raise ConfigError("trainer.max_steps=-1 needs trainer.max_epochs (the lr schedule needs a length)")
+        at_least("trainer.num_nodes", self.num_nodes, 1)
+        at_least("trainer.accumulate_grad_batches", self.accumulate_grad_batches, 1)
+        at_least("trainer.log_every_n_steps", self.log_every_n_steps, 1)
+
+
+@dataclass
+class LoggerSection:
+    """`logger.*`: W&B (offline fallback, never fatal) + CSV, CSV only, or nothing."""
+
+    name: Literal["wandb", "csv", "none"] = "csv"
+    project: str = "lmk"
+    entity: str | None = None
+    group: str | None = None  # None: the multirun sweep folder's name (one group per sweep)
+    tags: list[str] = field(default_factory=list)
+    run_name: str | None = None
+    notes: str | None = None
+    mode: Literal["auto", "online", "offline", "disabled"] = "auto"  # auto: offline without credentials
+    log_model: bool = False
+    init_timeout: float = 5.0  # seconds W&B may take to reach its server before the run goes offline
+    csv: bool = True  # also write <run_dir>/metrics.csv (always on for wandb: results never only in W&B)
+
+    def __post_init__(self) -> None:
+        positive("logger.init_timeout", self.init_timeout)
+
+
+@dataclass
+class LauncherSection:
+    """`launcher.*`: where jobs run; submitit_slurm feeds these into hydra.launcher."""
+
+    name: Literal["local", "submitit_slurm", "submitit_local"] = "local"
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    nodes: int = 1
+    gpus_per_node: int = 1
+    cpus_per_task: int = 8
+    mem_gb: int | None = None
+    timeout: int = 240  # minutes
+    # Memory of one GPU: the dry run compares each job's memory estimate (lmk.sweep.cost) with it; null = no check.
+    gpu_memory_gb: float | None = None
+    tasks_per_node: int | None = None  # processes per node (submitit); None = gpus_per_node
+
+    def __post_init__(self) -> None:
+        at_least("launcher.nodes", self.nodes, 1)
+        if self.gpu_memory_gb is not None:
+            positive("launcher.gpu_memory_gb", self.gpu_memory_gb)
+        at_least("launcher.gpus_per_node", self.gpus_per_node, 0)
+        at_least("launcher.timeout", self.timeout, 1)
+
+
+@dataclass
+class HubSection:
+    """`hub.*`: where jobs find Hugging Face hub repos without internet (`lmk.hub.mirror`, `lmk.hub.artifacts`)."""
+
+    mirror: str | None = None  # a mirror folder (<mirror>/datasets/<owner>/<name>, ...); null: $LMK_HUB_MIRROR
+
+
+@dataclass
+class RootConfig:
+    """The composed `conf/train.yaml` (after `validate`)."""
+
+    seed: int = 0
+    run_dir: str = "outputs/run"
+    ckpt_path: str | None = None  # null | last | a checkpoint path
+    overwrite: bool = False  # start a finished run folder over (else only ckpt_path=last reuses it)
+    name: str = "train"
+    row: str | None = None  # the table row id the row sweeper sets (`++row=...`)
+    encoder: Any = None
+    pooling: Any = None
+    data: Any = None
+    eval: Any = None
+    train: TrainSection = field(default_factory=TrainSection)
+    trainer: TrainerSection = field(default_factory=TrainerSection)
+    logger: LoggerSection = field(default_factory=LoggerSection)
+    launcher: LauncherSection = field(default_factory=LauncherSection)
+    hub: HubSection = field(default_factory=HubSection)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ConfigError(f"seed={self.seed!r} is not valid; allowed values: an int >= 0")
+
+
+# ---- the groups -------------------------------------------------------------------------------
+GROUP_SCHEMAS: dict[str, type] = {"encoder": EncoderConfig, "pooling": PoolingConfig, "data": DataConfig,
+                                  "eval": EvalConfig}
+
+
+def build_group(path: str, node: Any) -> Any:
+    """A group section through its schema; a schema message that does not start with the group is prefixed."""
+    try:
+        return GROUP_SCHEMAS[path].coerce(node)
+    except (ValueError, TypeError) as err:
+        if isinstance(err, ConfigError) and str(err).startswith(f"{path}"):
+            raise
+        raise ConfigError(f"{path}: {err}") from err
+
+
+SEEDED_PARTS = ("encoder", "data")  # `<part>.seed: null` = the root seed
+
+
+def derive_seeds(cfg: Any) -> Any:
+    """A copy of `cfg` whose null per-part seeds (encoder.seed: random init, data.seed: data order, negatives
+    and variable chunk draws) are the root `seed`. The root seed also seeds dropout (seed_everything).
+
+    One `seed` key then varies every random stream; a part's own seed, when set, overrides it. The
+    config hash is taken before this (nulls hashed as such), so a sweep and its jobs agree on it.
+    """
+    out = copy.deepcopy(cfg)
+    seed = OmegaConf.select(out, "seed", default=0)
+    with open_dict(out):
+        for part in SEEDED_PARTS:
+            if OmegaConf.select(out, part) is not None and OmegaConf.select(out, f"{part}.seed") is None:
+                out[part]["seed"] = seed
+    return out
+
+
+def validate(cfg: Any) -> RootConfig:
+    """The typed, checked root config; raises ConfigError on the first bad key or value. It reads nothing from
+    this machine (the entry points' preflight does, after this)."""
+    plain = to_container(cfg)
+    plain.pop("hydra", None)
+    local = plain.pop("local", None)
+    if local:  # conf/local/*.yaml must be `# @package _global_` (first line) to set real keys
+        raise ConfigError(f"local={local!r}: the local config landed under a `local:` key; make "
+                          "`# @package _global_` the first line of conf/local/<file>.yaml")
+    groups = {k: plain.pop(k) for k in list(GROUP_SCHEMAS) if k in plain}
+    root = build_section(RootConfig, plain, "")
+    for key, node in groups.items():
+        setattr(root, key, build_group(key, node))
+    for key in ("encoder", "pooling", "data"):
+        if getattr(root, key) is None:
+            raise ConfigError(f"{key} is missing: select one with `{key}=<option>` (see conf/{key}/)")
+    _cross_checks(root)
+    return root
+
+
+def _devices(value: Any) -> int | None:
+    """How many devices a Trainer `devices` value names per node; None when it is "auto"/-1 (unknown here)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, list | tuple):
+        return len(value)
+    if isinstance(value, str):
+        value = value.strip()
+        if "," in value:
+            return len([v for v in value.split(",") if v.strip()])
+        if not value.lstrip("-").isdigit():
+            return None
+        value = int(value)
+    if isinstance(value, int) and value > 0:
+        return value
+    return None
+
+
+def effective_batch(cfg: Any) -> dict[str, Any]:
+    """Queries per optimiser step over all devices, from a composed config (before anything launches).
+
+    {"queries": per_device x devices x nodes x accumulation (None when `trainer.devices` is auto),
+     "per_device", "devices", "nodes", "accumulation"}. With grad cache the per-device batch is the whole
+    per-device batch (cached chunks are not micro-batches).
+    """
+    plain = to_container(cfg)
+    data, trainer = plain.get("data") or {}, plain.get("trainer") or {}
+    per_device = int(data.get("batch_size") or 16)  # 16: DataConfig's default
+    devices = _devices(trainer.get("devices", 1))
+    nodes = int(trainer.get("num_nodes", 1) or 1)
+    accumulation = int(trainer.get("accumulate_grad_batches", 1) or 1)
+    queries = None if devices is None else per_device * devices * nodes * accumulation
+    return {"queries": queries, "per_device": per_device, "devices": devices, "nodes": nodes,
+            "accumulation": accumulation}
+
+
+def _cross_checks(root: RootConfig) -> None:
+    if root.ckpt_path is not None and not isinstance(root.ckpt_path, str):
+        raise ConfigError(f"ckpt_path={root.ckpt_path!r} is not valid; allowed values: null, last, a file path")
+    t = root.trainer
+    if root.data.streaming and t.max_steps == -1:
+        # A stream repeats forever: an epoch never ends, and the lr schedule (sized by max_steps) would sit at 0.
+        raise ConfigError("data.streaming=true with trainer.max_steps=-1: a stream has no length, so max_epochs "
+                          "never ends an epoch; set trainer.max_steps=<N> (and drop trainer.max_epochs)")
+    if root.train.grad_cache and t.accumulate_grad_batches != 1:
+        raise ConfigError("train.grad_cache=true with trainer.accumulate_grad_batches>1: grad cache already "
+                          "reaches large batches; set trainer.accumulate_grad_batches=1")
+    _check_monitor(root.train.monitor, root.eval)
+
+
+def _check_monitor(monitor: str, eval_cfg: Any) -> None:
+    """An `eval/...` monitor needs an evaluation that logs it: else no best.ckpt is ever written."""
+    if not monitor.startswith("eval/"):
+        return
+    get = (lambda k, d: eval_cfg.get(k, d)) if isinstance(eval_cfg, Mapping) else (
+        lambda k, d: getattr(eval_cfg, k, d))
+    tasks = list(get("tasks", None) or []) if eval_cfg is not None else []
+    groups = dict(get("groups", None) or {}) if eval_cfg is not None else {}
+    runs = eval_cfg is not None and (get("every_n_steps", None) is not None or get("at_fit_end", True))
+    if not tasks or not runs:
+        raise ConfigError(f"train.monitor={monitor!r} is an eval metric but no evaluation runs during training "
+                          "(eval=none or no eval.every_n_steps/at_fit_end): set eval=<suite> (e.g. eval=local) "
+                          "or train.monitor=train/loss train.monitor_mode=min")
+    logged = [f"eval/group/{g}" for g in groups] + [f"eval/{t}" for t in tasks]
+    if monitor not in logged and not any(monitor.startswith(f"eval/{t}/") for t in tasks):
+        raise ConfigError(f"train.monitor={monitor!r} is not logged by eval={get('name', '?')}; "
+                          f"allowed values: {', '.join(logged)} (or eval/<task>/<split>), or train/loss")

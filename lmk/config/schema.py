@@ -1,0 +1,190 @@
+"""The machinery every config schema shares (torch-free): `ConfigError`, typed building of a dataclass from a
+mapping with unknown keys rejected by name (`build_section`, `Coercible.coerce`), the value checks, and plain
+containers from OmegaConf nodes. A typo fails here, before any compute, naming the key and what is allowed."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from collections.abc import Mapping
+from typing import Any, Literal, Union
+
+from hydra.errors import CompactHydraException
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+
+class ConfigError(CompactHydraException, ValueError):
+    """A bad config value or key; the message names the key, the value and what is allowed.
+
+    A Hydra "compact" error: Hydra prints its message alone (no traceback) unless HYDRA_FULL_ERROR=1.
+    """
+
+
+
+def choice(key: str, value: Any, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{key}={value!r} is not valid; allowed values: {', '.join(map(str, allowed))}")
+
+
+def number(key: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(f"{key}={value!r} is not valid; allowed values: a number")
+
+
+def positive(key: str, value: Any) -> None:
+    number(key, value)
+    if not value > 0:
+        raise ConfigError(f"{key}={value!r} is not valid; allowed values: a number > 0")
+
+
+def at_least(key: str, value: Any, minimum: int) -> None:
+    number(key, value)
+    if value < minimum:
+        raise ConfigError(f"{key}={value!r} is not valid; allowed values: >= {minimum}")
+
+
+def unknown_keys(path: str, keys: set[str], known: set[str]) -> None:
+    unknown = sorted(keys - known)
+    if not unknown:
+        return
+    key = unknown[0]
+    close = difflib.get_close_matches(key, sorted(known), n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    where = f"{path}." if path else ""
+    raise ConfigError(f"unknown key {where}{key}{hint}; allowed keys: {', '.join(sorted(known))}")
+
+
+def check_type(key: str, value: Any, hint: Any) -> Any:
+    """Check `value` against a type hint (the subset the schemas use); ints are accepted for floats."""
+    if hint is Any or hint is object:
+        return value
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin is Literal:
+        choice(key, value, args)
+        return value
+    if origin in (Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in (a for a in args if a is not type(None)):
+            try:
+                return check_type(key, value, arg)
+            except ConfigError as err:
+                errors.append(str(err))
+        raise errors[0] if len(errors) == 1 else ConfigError(
+            f"{key}={value!r} is not valid; allowed: {' or '.join(_type_name(a) for a in args)}")
+    if origin in (list, tuple):
+        if not isinstance(value, list | tuple):
+            raise ConfigError(f"{key}={value!r} is not valid; allowed values: a list")
+        return [check_type(f"{key}[{i}]", v, args[0]) for i, v in enumerate(value)] if args else list(value)
+    if origin is dict or hint is dict:
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{key}={value!r} is not valid; allowed values: a mapping")
+        return dict(value)
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key}={value!r} is not valid; allowed values: true, false")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{key}={value!r} is not valid; allowed values: an integer")
+        return value
+    if hint is float:
+        number(key, value)
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{key}={value!r} is not valid; allowed values: a string")
+        return value
+    if value is None:
+        raise ConfigError(f"{key}=None is not valid; allowed: {_type_name(hint)}")
+    return value
+
+
+def _type_name(hint: Any) -> str:
+    return getattr(hint, "__name__", str(hint))
+
+
+def build_section(cls: type, node: Any, path: str) -> Any:
+    """Build dataclass `cls` from a mapping, checking keys and types; errors name `path.key`."""
+    if node is None:
+        node = {}
+    if not isinstance(node, Mapping):
+        raise ConfigError(f"{path}={node!r} is not valid; allowed values: a mapping with keys "
+                          f"{', '.join(f.name for f in dataclasses.fields(cls))}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown_keys(path, set(node), set(fields))
+    kwargs = {}
+    for name, value in node.items():
+        hint = hints[name]
+        if dataclasses.is_dataclass(hint):
+            kwargs[name] = build_section(hint, value, f"{path}.{name}" if path else name)
+        else:
+            kwargs[name] = check_type(f"{path}.{name}" if path else name, value, hint)
+    try:
+        return cls(**kwargs)
+    except ConfigError:
+        raise
+    except (ValueError, TypeError) as err:
+        raise ConfigError(f"{path}: {err}") from err
+
+
+
+def to_container(cfg: Any) -> dict[str, Any]:
+    """A DictConfig (resolved) or mapping as plain containers."""
+    if isinstance(cfg, DictConfig):
+        try:
+            return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)  # type: ignore[return-value]
+        except Exception as err:  # an interpolation / missing value: name it
+            raise ConfigError(f"config does not resolve: {err}") from err
+    return dict(cfg)
+
+
+
+def plain(value: Any) -> Any:
+    """DictConfig/ListConfig -> plain containers (hydra's instantiate passes OmegaConf nodes through)."""
+    if isinstance(value, DictConfig | ListConfig):
+        return OmegaConf.to_container(value, resolve=True)
+    return value
+
+
+def get_key(node: Any, key: str, default: Any = None) -> Any:
+    """`node[key]` for a mapping, `node.key` for a dataclass / DictConfig; `default` when absent or None node."""
+    if node is None:
+        return default
+    if isinstance(node, Mapping):
+        return node.get(key, default)
+    return getattr(node, key, default)
+
+
+class Coercible:
+    """Mixin for config dataclasses: `coerce(x)` and `to_dict()`."""
+
+    _error: type[Exception] = ConfigError  # the error a bad key raises
+
+    @classmethod
+    def _prepare(cls, cfg: Any) -> Any:
+        """Hook: turn a shorthand (e.g. a bare path) into a mapping."""
+        return cfg
+
+    @classmethod
+    def coerce(cls, cfg: Any):  # noqa: ANN206 - returns cls
+        if isinstance(cfg, cls):
+            return cfg
+        if dataclasses.is_dataclass(cfg) and not isinstance(cfg, type):
+            cfg = dataclasses.asdict(cfg)
+        cfg = cls._prepare(plain(cfg))
+        if not isinstance(cfg, dict):
+            raise TypeError(f"{cls.__name__}: expected a dataclass, DictConfig or dict, got {type(cfg).__name__}")
+        known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        unknown = sorted(set(cfg) - known)
+        if unknown:
+            raise cls._error(f"{cls.__name__}: unknown keys {unknown}; allowed keys: {', '.join(sorted(known))}")
+        return cls(**cfg)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)  # type: ignore[call-overload]

@@ -1,0 +1,74 @@
+"""`python -m lmk.evaluate`: one model through one eval suite -> results.json in this run's folder.
+
+Examples:
+    python -m lmk.evaluate model=outputs/train/<run> eval=local            # a trained run
+    python -m lmk.evaluate model=outputs/train/<run> pooling=mean eval=local   # cross-pooling
+    python -m lmk.evaluate model=<exported sentence-transformers folder> eval=longembed6
+    python -m lmk.evaluate model=null encoder=minilm-l6 pooling=lmk-fixed eval=local  # untrained
+    python -m lmk.evaluate model=BAAI/bge-base-en-v1.5 pooling=lmk-fixed eval=beir15  # any HF encoder
+    python -m lmk.evaluate model=... eval.device=cuda:1 eval.precision=fp32
+
+`model` may be a run dir (its export/, else checkpoints/last.ckpt), an exported folder, a
+save_pretrained folder, a .ckpt file, null (the encoder config, untrained), or any Hugging Face
+encoder: a hub id or a local folder (transformers or sentence-transformers layout) without lmk
+metadata, evaluated with `pooling=` (zero-shot LMK on a published model, the paper's baselines). A
+`pooling=` given on the command line overrides a trained model's pooling (same backbone, other
+tokenization + pooler). The model runs on `eval.device` under an autocast of `eval.precision`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import hydra
+from omegaconf import DictConfig
+
+from lmk.config import CONF_DIR, ConfigError
+from lmk.config.eval import EvalConfig
+from lmk.config.model import EncoderConfig, PoolingConfig
+from lmk.hub.offline import is_hub_id
+from lmk.run.cli import run_app
+
+
+def validate_config(cfg: DictConfig) -> None:
+    """Check an evaluate config without loading anything (the row sweeper calls this per job)."""
+    checks = [("eval", EvalConfig.from_cfg), ("encoder", EncoderConfig.coerce), ("pooling", PoolingConfig.coerce)]
+    for key, check in checks:
+        if cfg.get(key) is None:
+            continue
+        try:
+            check(cfg[key])
+        except (ValueError, TypeError) as err:  # one line on the console, not a traceback (ConfigError)
+            raise ConfigError(str(err) if str(err).startswith(f"{key}.") else f"{key}: {err}") from err
+    model = cfg.get("model")
+    if model not in (None, "", "null") and not is_hub_id(model) and not Path(str(model)).expanduser().exists():
+        raise FileNotFoundError(f"model={model!r} does not exist; give a training run dir, an exported model "
+                                "folder, a .ckpt, a Hugging Face encoder (folder or hub id owner/name) or null")
+    # fast path: mteb's task registry (seconds) loads only once the config validated
+    from lmk.eval.preflight import preflight
+
+    preflight(cfg)  # eval task names resolve (mteb's registry, offline), the hub mirror is set
+
+
+def run(cfg: DictConfig, run_dir: str | os.PathLike | None = None, cross_pooling: bool | None = None) -> dict[str, Any]:
+    """Evaluate per `cfg` (the composed evaluate config); returns the eval section written to results.json."""
+    validate_config(cfg)  # bad values, task names and paths fail here, before loading anything
+    # torch-free path: the model side loads only after validation
+    from lmk.eval.evaluation import evaluate
+
+    return evaluate(cfg, run_dir, cross_pooling)
+
+
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="evaluate")
+def main(cfg: DictConfig) -> float | None:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    section = run(cfg)
+    groups = [v for v in section.get("groups", {}).values() if v is not None]
+    return float(sum(groups) / len(groups)) if groups else None  # a sweep's objective: mean group score
+
+
+def cli() -> None:
+    """`python -m lmk.evaluate` and `lmk-evaluate`: a command line that does not compose is one line, not Hydra's report."""
+    run_app(main, "evaluate")

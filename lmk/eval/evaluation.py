@@ -1,0 +1,95 @@
+"""One `lmk.evaluate` job after validation: resolve the device, load the model (any reference, any pooling),
+build the suite's tasks, run it (`lmk.eval.runner.run_suite`) and record everything in results.json.
+
+`lmk.eval.command.run` calls `evaluate` once the config validated, so a bad value fails before torch loads.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import traceback
+from pathlib import Path
+from typing import Any
+
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+from lmk.config import derive_seeds
+from lmk.config.eval import EvalConfig
+from lmk.eval.runner import run_suite
+from lmk.eval.suites import build_tasks
+from lmk.hub.artifacts import check_available
+from lmk.model.device import resolve_device, resolve_precision
+from lmk.model.loading import load_model
+from lmk.run.loggers import build_logger, finish_loggers, use_hydra_logging
+from lmk.run.results import Timer, config_hash_of, git_commit, update_results
+
+log = logging.getLogger(__name__)
+
+
+def _pooling_overridden() -> bool:
+    try:
+        overrides = HydraConfig.get().overrides.task
+    except Exception:  # not under Hydra (tests call run() directly)
+        return False
+    return any(o.lstrip("+~").split("=", 1)[0].split(".", 1)[0] == "pooling" for o in overrides)
+
+
+def evaluate(cfg: DictConfig, run_dir: str | os.PathLike | None = None, cross_pooling: bool | None = None
+             ) -> dict[str, Any]:
+    """Evaluate per a validated `cfg`; returns the eval section written to results.json."""
+    eval_cfg = EvalConfig.from_cfg(cfg.eval)
+    device = resolve_device(eval_cfg.device)  # so does a cuda request on a machine without CUDA
+    check_available(cfg)  # offline (HF_HUB_OFFLINE): every hub dataset / model is on disk, else name them
+    if run_dir is None:
+        run_dir = HydraConfig.get().runtime.output_dir
+    run_dir = Path(run_dir)
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(resolved, dict)
+    resolved.pop("hydra", None)
+    timer = Timer()
+    loggers = None
+    exit_code = 1
+    # fresh: a re-run in the same folder (a sweep row after a failure) must not inherit old scores
+    update_results(run_dir, fresh=True, status="running", command="evaluate", config=resolved,
+                   config_hash=config_hash_of(cfg), git_commit=git_commit())
+    try:
+        use_hydra_logging()
+
+        with timer.section("tasks"):
+            tasks = build_tasks(eval_cfg)  # unknown names / offline hub tasks fail before the model loads
+        with timer.section("load_model"):
+            seeded = derive_seeds(cfg)  # a null encoder.seed (random init) is the root seed, as in training
+            model, info = load_model(cfg.get("model"), seeded.get("encoder"), cfg.get("pooling"), int(cfg.get("seed", 0)))
+            if cross_pooling is None:
+                cross_pooling = _pooling_overridden()
+            # a plain HF encoder was built with cfg.pooling already: nothing to swap
+            if cfg.get("model") not in (None, "") and cross_pooling and info["kind"] != "hf-encoder":
+                trained = model.pooling_cfg.label if model.pooling_cfg is not None else "?"
+                model = model.with_pooling(cfg.pooling)
+                log.info("cross-pooling: trained with %s, evaluating with %s", trained, model.pooling_cfg.label)
+                info["trained_pooling"] = trained
+            model = model.to(device)
+            info.update(name=model.name, fingerprint=model.fingerprint(),
+                        pooling=model.pooling_cfg.label if model.pooling_cfg is not None else None,
+                        device=str(device), precision=resolve_precision(eval_cfg.precision, device))
+            log.info("evaluating %s on %s (%s)", model.name, device, info["precision"])
+        update_results(run_dir, model=info)
+        cache_dir = cfg.get("cache_dir") or eval_cfg.cache_dir
+        if not cache_dir:
+            # a trained run's own cache: the fit-end eval of the same weights is reused, not recomputed
+            cache_dir = Path(info["run_dir"]) / "mteb_cache" if info.get("run_dir") else run_dir / "mteb_cache"
+        loggers = build_logger(cfg.get("logger") or {"name": "none"}, run_dir, resolved)
+        with timer.section("eval"):
+            section = run_suite(model, eval_cfg, cache_dir, logger=loggers, out_dir=run_dir, tasks=tasks)
+        section["cache_dir"] = str(cache_dir)
+        update_results(run_dir, status="done", eval=section, timings=dict(timer.timings))
+        exit_code = 0
+        return section
+    except BaseException as err:
+        update_results(run_dir, status="failed", error=f"{type(err).__name__}: {err}",
+                       traceback=traceback.format_exc(limit=20), timings=dict(timer.timings))
+        raise
+    finally:
+        finish_loggers(loggers, exit_code=exit_code)

@@ -1,0 +1,55 @@
+"""Checks before compute that read this machine but build nothing: local training data paths exist, eval task
+names resolve (mteb's registry, offline), and, offline, every hub artifact a job loads is on disk.
+
+Config validation (`lmk.config.validate`) reads the config only; the entry points call `preflight` right after
+it (`lmk.train`, `lmk.evaluate`, and the row sweeper for every job before launching)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from lmk.config.data import LOCAL_SOURCE as LOCAL_DATA
+from lmk.config.data import is_named_source
+from lmk.config.schema import get_key as _get
+from lmk.eval.suites import check_task_names
+from lmk.hub import mirror
+from lmk.hub.artifacts import _plain, _sources, check_available
+from lmk.hub.offline import is_hub_id
+
+
+class PreflightError(ValueError):
+    """A job config names a data path that does not exist or an eval task that does not resolve."""
+
+
+def check_data_paths(data: Any) -> None:
+    """Every local training data path exists (a missing file fails here, not after the model is built)."""
+    missing = []
+    for src in _sources(data):
+        path = src.get("path", LOCAL_DATA)
+        if is_named_source(path) or is_hub_id(path) and not Path(path).suffix:
+            continue  # `local` and `replica:<name>` are built on demand in the lmk cache
+        if not Path(path).expanduser().exists():
+            missing.append(path)
+    if missing:
+        raise PreflightError(f"data.sources: path(s) {missing} do not exist; give existing .jsonl/.json/.parquet "
+                             "files or folders, 'local' (the offline default set), 'replica:bge-full-data' or a hub id (owner/name)")
+
+
+def check_eval_tasks(eval_cfg: Any) -> None:
+    """Every eval task name resolves (mteb's registry, offline; or a local task)."""
+    names = list(_plain(_get(eval_cfg, "tasks")) or [])
+    names += [t for t in (_plain(_get(eval_cfg, "task_options")) or {}) if t not in names]  # a misspelt option key
+    check_task_names(names)
+
+
+def preflight(cfg: Any, artifacts: bool = False) -> None:
+    """Checks that need no compute: local data paths exist, eval task names resolve and (artifacts=True)
+    offline, every hub artifact the job loads is on disk. The row sweeper runs it on every job before launching
+    without `artifacts` (also on a laptop that plans a cluster sweep); the jobs themselves (lmk.train,
+    lmk.evaluate) run it with `artifacts` on the node that computes, before any model is built."""
+    mirror.configure(_get(_get(cfg, "hub"), "mirror"))
+    check_data_paths(_get(cfg, "data"))
+    check_eval_tasks(_get(cfg, "eval"))
+    if artifacts:
+        check_available(cfg)

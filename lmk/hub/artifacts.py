@@ -1,0 +1,272 @@
+"""What a job loads from the Hugging Face hub, and whether it is on disk (never probing the network).
+
+Compute nodes of a cluster usually have no internet: jobs run with `HF_HUB_OFFLINE=1`, so every model,
+tokenizer, training file and mteb dataset a job loads must already be on disk. ONE function lists them,
+`required_artifacts(cfg)`, used both by the prefetch on a login node (`lmk.hub.fetch`, `python -m
+lmk.prefetch`) and by `check_available(cfg)`, which every job runs before any model is built: offline, each
+artifact must be in the mirror, the Hugging Face cache or a manifest, else it fails naming what is missing and
+the prefetch command.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import logging
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import datasets
+import mteb
+from huggingface_hub import constants
+from mteb.abstasks.aggregated_task import AbsTaskAggregate
+from mteb.get_tasks import _TASKS_REGISTRY
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from lmk.config.data import LOCAL_SOURCE as LOCAL_DATA
+from lmk.config.data import is_named_source
+from lmk.config.eval import EvalConfig
+from lmk.config.schema import get_key
+from lmk.hub import mirror
+from lmk.hub.offline import hub_offline, is_hub_id
+
+log = logging.getLogger(__name__)
+
+MANIFEST = mirror.MANIFEST
+
+
+class MissingArtifactsError(RuntimeError):
+    """Offline, something a job loads is neither in the mirror, the Hugging Face cache nor a manifest."""
+
+
+
+
+@dataclass(frozen=True)
+class Artifact:
+    kind: str                    # "model" (weights, tokenizer, config) | "dataset"
+    repo_id: str                 # hub id, e.g. answerdotai/ModernBERT-base, mteb/scifact
+    revision: str | None = None  # None: the default branch
+    config: str | None = None    # dataset config name (LongEmbed's "needle", ...)
+    data_files: Any = None       # training data: only these files of the repo
+    what: str = ""               # who loads it: "encoder", "tokenizer", "training data", "eval task SciFact"
+    task: str | None = None      # the mteb task that reads it (cache-mode prefetch runs its own load_data)
+    options: Any = None          # that task's eval.task_options (splits / subsets: only those are loaded)
+
+    @property
+    def key(self) -> tuple[str, str, str | None]:
+        return self.kind, self.repo_id, self.config
+
+    def label(self) -> str:
+        rev = f"@{self.revision[:12]}" if self.revision else ""
+        cfg = f" [{self.config}]" if self.config else ""
+        return f"{self.kind} {self.repo_id}{rev}{cfg} ({self.what})"
+
+
+
+
+# ------------------------------------------------------------------------------------------ listing
+_get = get_key
+
+
+def _plain(node: Any) -> Any:
+    if isinstance(node, DictConfig | ListConfig):
+        return OmegaConf.to_container(node, resolve=False)
+    return node
+
+
+def _sources(data: Any) -> list[dict[str, Any]]:
+    """A data config's sources as plain dicts (typed SourceConfig, mapping or a bare path string)."""
+    out = []
+    for src in _plain(_get(data, "sources")) or []:
+        if isinstance(src, str):
+            src = {"path": src}
+        elif dataclasses.is_dataclass(src):
+            src = dataclasses.asdict(src)
+        out.append(dict(src))
+    return out
+
+
+def _is_package(ref: str) -> bool:
+    return "/" not in ref and importlib.util.find_spec(ref) is not None
+
+
+def encoder_artifacts(encoder: Any) -> list[Artifact]:
+    """The hub repos an encoder config loads (nothing for packages, local folders, random init with a
+    package tokenizer)."""
+    if encoder is None:
+        return []
+    source, revision = _get(encoder, "source", "package"), _get(encoder, "revision")
+    out: list[Artifact] = []
+    model_id = _get(encoder, "model_id")
+    if source == "hub" and is_hub_id(model_id):
+        out.append(Artifact("model", model_id, revision, what=f"encoder {_get(encoder, 'name')}"))
+    tokenizer = _get(encoder, "tokenizer")
+    if tokenizer and tokenizer != model_id and is_hub_id(tokenizer) and not _is_package(tokenizer):
+        out.append(Artifact("model", tokenizer, revision, what=f"tokenizer of encoder {_get(encoder, 'name')}"))
+    return out
+
+
+def data_artifacts(data: Any) -> list[Artifact]:
+    """The hub datasets a data config's sources load."""
+    out = []
+    for src in _sources(data):
+        path = src.get("path", LOCAL_DATA)
+        if not is_named_source(path) and is_hub_id(path) and not Path(path).suffix:
+            out.append(Artifact("dataset", path, src.get("revision"), src.get("subset"), _plain(src.get("data_files")),
+                                what=f"training data {src.get('name') or path}"))
+    return out
+
+
+@lru_cache(maxsize=1)
+def hub_task_names() -> frozenset[str]:
+    """The names of every mteb task (their data is on the hub; no data is loaded). Local tasks are not among them."""
+    return frozenset(_TASKS_REGISTRY)  # mteb's own name -> class map (it has no public accessor)
+
+
+def _leaves(task: Any) -> list[Any]:
+    return list(task.metadata.tasks) if isinstance(task, AbsTaskAggregate) else [task]
+
+
+def eval_artifacts(eval_cfg: Any) -> list[Artifact]:
+    """The hub datasets of an eval suite's mteb tasks (their published `metadata.dataset`)."""
+    names = [t for t in (_plain(_get(eval_cfg, "tasks")) or []) if t in hub_task_names()]
+    if not names:
+        return []
+    options = _plain(_get(eval_cfg, "task_options")) or {}
+    out = []
+    for name in names:
+        leaves = _leaves(mteb.get_task(name))
+        for leaf in leaves:
+            ds = type(leaf).metadata.dataset
+            opts = dict(options.get(name) or {}) if len(leaves) == 1 else None
+            out.append(Artifact("dataset", ds["path"], ds.get("revision"), ds.get("name"),
+                                what=f"eval task {leaf.metadata.name}", task=leaf.metadata.name, options=opts))
+    return out
+
+
+def _evaluates_a_saved_model(cfg: Any) -> bool:
+    # lmk.evaluate with model=<run dir / folder / .ckpt>: the weights are local; model=null builds the encoder.
+    return str(_get(cfg, "model", None)) not in ("None", "", "null")
+
+
+def required_artifacts(cfg: Any) -> list[Artifact]:
+    """Everything a job with composed config `cfg` (lmk.train or lmk.evaluate) loads from the hub, deduplicated
+    by (kind, repo id, config): the encoder's weights and tokenizer, training data, eval task datasets."""
+    found: list[Artifact] = []
+    model = _get(cfg, "model", None)
+    if not _evaluates_a_saved_model(cfg):
+        found += encoder_artifacts(_get(cfg, "encoder"))
+    elif is_hub_id(model):  # lmk.evaluate model=<hub id>: a published encoder as a baseline
+        found.append(Artifact("model", str(model), None, what="model (a published encoder)"))
+    found += data_artifacts(_get(cfg, "data"))
+    eval_cfg = _get(cfg, "eval")
+    if eval_cfg is not None and _get(cfg, "train") is not None:
+        # a training job evaluates only its `eval.in_training` part (the eval stage's jobs the rest)
+        eval_cfg = EvalConfig.from_cfg(eval_cfg).training_view()
+    if eval_cfg is not None:
+        found += eval_artifacts(eval_cfg)
+    unique: dict[tuple[str, str, str | None], Artifact] = {}
+    for art in found:
+        if art.key in unique:
+            prev = unique[art.key]
+            unique[art.key] = Artifact(prev.kind, prev.repo_id, prev.revision, prev.config, prev.data_files,
+                                       f"{prev.what}; {art.what}", prev.task, prev.options)
+        else:
+            unique[art.key] = art
+    return list(unique.values())
+
+
+
+# ------------------------------------------------------------------------------------------ locating
+def _hub_cache_dir() -> Path:
+    return Path(constants.HF_HUB_CACHE)
+
+
+def cache_manifest_path() -> Path:
+    """The manifest prefetch writes in cache mode (next to the Hugging Face cache)."""
+    return Path(constants.HF_HOME) / MANIFEST
+
+
+def _in_hub_cache(art: Artifact) -> Path | None:
+    owner, name = art.repo_id.split("/")
+    repo = _hub_cache_dir() / f"{art.kind}s--{owner}--{name}"
+    snapshots = repo / "snapshots"
+    if not snapshots.is_dir():
+        return None
+    if art.revision:
+        ref = repo / "refs" / art.revision
+        sha = ref.read_text().strip() if ref.is_file() else art.revision
+        return snapshots / sha if (snapshots / sha).is_dir() else None
+    return next((p for p in snapshots.iterdir() if p.is_dir()), None)
+
+
+def _in_datasets_cache(art: Artifact) -> Path | None:
+    if art.kind != "dataset":
+        return None
+    base = Path(datasets.config.HF_DATASETS_CACHE)
+    for name in (art.repo_id.replace("/", "___"), art.repo_id.replace("/", "___").lower()):
+        if (base / name).is_dir():
+            return base / name
+    return None
+
+
+def _in_manifest(art: Artifact, manifest: Path) -> Path | None:
+    if not manifest.is_file():
+        return None
+    try:
+        entries = json.loads(manifest.read_text()).get("artifacts", [])
+    except json.JSONDecodeError:
+        log.warning("%s is not valid JSON: ignored", manifest)
+        return None
+    for e in entries:
+        if e.get("kind") == art.kind and e.get("repo_id") == art.repo_id and e.get("config") in (None, art.config):
+            path = Path(e.get("path", ""))
+            path = path if path.is_absolute() else manifest.parent / path
+            if path.exists():
+                return path
+    return None
+
+
+def locate(art: Artifact) -> str | None:
+    """Where a job will find `art` offline ("mirror: ...", "hub cache: ...", ...), or None."""
+    found = mirror.find(art.kind, art.repo_id)
+    if found is not None:
+        return f"mirror: {found}"
+    for where, fn in (("hub cache", _in_hub_cache), ("datasets cache", _in_datasets_cache)):
+        path = fn(art)
+        if path is not None:
+            return f"{where}: {path}"
+    root = mirror.mirror_root()
+    for manifest in ([root / MANIFEST] if root else []) + [cache_manifest_path()]:
+        path = _in_manifest(art, manifest)
+        if path is not None:
+            return f"manifest {manifest}: {path}"
+    return None
+
+
+def missing_artifacts(cfg: Any) -> list[Artifact]:
+    return [a for a in required_artifacts(cfg) if locate(a) is None]
+
+
+def check_available(cfg: Any, offline: bool | None = None) -> None:
+    """Offline (HF_HUB_OFFLINE & co.), fail naming every artifact the job loads that is not on disk.
+    Online nothing is checked: the job downloads what it needs. The network is never probed."""
+    if not (hub_offline() if offline is None else offline):
+        return
+    missing = missing_artifacts(cfg)
+    if missing:
+        root = mirror.mirror_root()
+        raise MissingArtifactsError(
+            "offline (HF_HUB_OFFLINE is set) and this job loads hub data that is not on disk:\n  "
+            + "\n  ".join(a.label() for a in missing)
+            + f"\nLooked in: the mirror ({root or 'none: set hub.mirror=DIR or LMK_HUB_MIRROR'}), the Hugging Face "
+            f"cache ({_hub_cache_dir()}) and the manifests. Fix: on a machine with internet run `python -m "
+            "lmk.prefetch <spec> --scale <scale> [--mirror DIR]` (or `make prefetch`) and point the job at the "
+            "same cache/mirror; for a local copy of the datasets use `python -m lmk.eval.replicas --mirror DIR`; "
+            "or run the offline suite `eval=local`."
+        )
+
+

@@ -1,0 +1,164 @@
+"""A local mirror of Hugging Face hub repos, for compute nodes without internet.
+
+Layout (the same files as the hub repo, one folder per repo):
+
+    <mirror>/datasets/<owner>/<name>/...     e.g. <mirror>/datasets/mteb/scifact/README.md + parquet files
+    <mirror>/models/<owner>/<name>/...       e.g. <mirror>/models/answerdotai/ModernBERT-base/config.json
+    <mirror>/lmk_manifest.json               what is there: repo id, revision, local path, who wrote it
+
+`python -m lmk.prefetch ... --mirror DIR` fills it on a login node; `python -m lmk.eval.replicas --mirror DIR`
+writes small offline replicas of the paper's eval datasets in the same layout. A job finds the mirror through
+the config key `hub.mirror` or the environment variable `LMK_HUB_MIRROR`; mteb tasks whose dataset is in the
+mirror then read it from there (their metadata's dataset path is rewritten to the folder, which
+`datasets.load_dataset` reads exactly as it reads the hub repo), and encoders load from it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from lmk.hub.offline import is_hub_id, is_repo_id
+from lmk.run.files import write_json
+
+ENV_VAR = "LMK_HUB_MIRROR"
+MANIFEST = "lmk_manifest.json"
+KINDS = ("dataset", "model")
+
+
+def configure(mirror: str | os.PathLike | None) -> Path | None:
+    """Make `mirror` (the `hub.mirror` config key) the process's mirror; child processes (DDP ranks,
+    launcher jobs) inherit it through the environment. None keeps `LMK_HUB_MIRROR` as it is."""
+    if mirror not in (None, ""):
+        path = Path(str(mirror)).expanduser().resolve()
+        os.environ[ENV_VAR] = str(path)
+    return mirror_root()
+
+
+def mirror_root(explicit: str | os.PathLike | None = None) -> Path | None:
+    """The mirror folder: `explicit`, else $LMK_HUB_MIRROR, else None."""
+    value = explicit if explicit not in (None, "") else os.environ.get(ENV_VAR, "").strip()
+    return Path(str(value)).expanduser() if value else None
+
+
+def repo_dir(root: str | os.PathLike, kind: str, repo_id: str) -> Path:
+    """Where hub repo `repo_id` of `kind` ("dataset" | "model") lives in the mirror."""
+    if kind not in KINDS:
+        raise ValueError(f"mirror kind {kind!r} is not valid; allowed values: {', '.join(KINDS)}")
+    if not is_repo_id(repo_id):
+        raise ValueError(f"{repo_id!r} is not a hub repo id (owner/name)")
+    return Path(root) / f"{kind}s" / repo_id
+
+
+def find(kind: str, repo_id: str, root: str | os.PathLike | None = None) -> Path | None:
+    """The mirror folder of `repo_id` when it is there (a non-empty folder), else None."""
+    base = mirror_root(root)
+    if base is None or not is_repo_id(repo_id):
+        return None
+    folder = repo_dir(base, kind, repo_id)
+    return folder if folder.is_dir() and any(folder.iterdir()) else None
+
+
+def read_manifest(root: str | os.PathLike) -> dict[str, Any]:
+    path = Path(root) / MANIFEST
+    if not path.is_file():
+        return {"artifacts": []}
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}: not valid JSON ({err}); delete it and rerun lmk.prefetch / lmk.eval.replicas") from err
+    data.setdefault("artifacts", [])
+    return data
+
+
+def record(root: str | os.PathLike, entries: list[dict[str, Any]]) -> Path:
+    """Merge `entries` (kind, repo_id, revision, path, what, source) into the mirror's manifest."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    data = read_manifest(root)
+    keyed = {(e["kind"], e["repo_id"], e.get("config")): e for e in data["artifacts"]}
+    for e in entries:
+        keyed[(e["kind"], e["repo_id"], e.get("config"))] = dict(e, recorded=time.strftime("%Y-%m-%dT%H:%M:%S"))
+    data["artifacts"] = sorted(keyed.values(), key=lambda e: (e["kind"], e["repo_id"], str(e.get("config"))))
+    path = root / MANIFEST
+    write_json(path, data, indent=1)  # atomic; a unique temp name (two prefetches never share one)
+    return path
+
+
+def mirrored_revision(kind: str, repo_id: str, root: str | os.PathLike | None = None) -> str | None:
+    """The revision the manifest records for `repo_id` (None when not recorded)."""
+    base = mirror_root(root)
+    if base is None:
+        return None
+    for e in read_manifest(base)["artifacts"]:
+        if e["kind"] == kind and e["repo_id"] == repo_id and e.get("revision"):
+            return str(e["revision"])
+    return None
+
+
+def resolve_model(model_id: str, root: str | os.PathLike | None = None) -> str:
+    """`model_id` itself, or its mirror folder when the mirror holds it (a local path is kept as is)."""
+    local = find("model", model_id, root) if is_hub_id(model_id) else None
+    return str(local) if local is not None else model_id
+
+
+def with_mirrored_sources(data_cfg: Any) -> Any:
+    """A copy of a `data` config whose hub-id sources held by the mirror read the mirror's folder instead
+    (with the same `data_files` / `subset` / `split`, relative to the folder as on the hub)."""
+    if mirror_root() is None or data_cfg is None:
+        return data_cfg
+    cfg = OmegaConf.create(OmegaConf.to_container(data_cfg, resolve=False)) if not isinstance(data_cfg, dict) \
+        else OmegaConf.create(data_cfg)
+    for i, src in enumerate(cfg.get("sources") or []):
+        path = src if isinstance(src, str) else src.get("path")
+        folder = find("dataset", path) if is_hub_id(path) else None
+        if folder is not None:
+            if isinstance(src, str):
+                cfg.sources[i] = {"path": str(folder), "name": path.rsplit("/", 1)[1]}
+            else:
+                src.path = str(folder)
+    return cfg
+
+
+_MIRRORED_CLASSES: dict[type, type] = {}
+
+
+def _mirrored_class(base: type) -> type:
+    """`base` whose `unload_data` keeps the mirrored metadata (mteb's drops instance metadata, which
+    would point the next load back at the hub)."""
+    if base not in _MIRRORED_CLASSES:
+        def unload_data(self: Any) -> None:
+            metadata = self.metadata
+            base.unload_data(self)
+            self.metadata = metadata
+
+        _MIRRORED_CLASSES[base] = type(base.__name__, (base,), {"unload_data": unload_data,
+                                                                "__module__": base.__module__})
+    return _MIRRORED_CLASSES[base]
+
+
+def apply_mirror(task: Any, root: str | os.PathLike | None = None) -> Path | None:
+    """Point an mteb task at its dataset's mirror folder when the mirror holds it; returns the folder.
+
+    The metadata's dataset `path` becomes the folder (mteb passes it to `datasets.load_dataset`, which
+    reads a local repo folder with the hub repo's layout unchanged) and its `revision` becomes the revision
+    the mirror's manifest records (a replica has its own), so cached scores never mix data versions.
+    """
+    dataset = dict(task.metadata.dataset)
+    repo = str(dataset.get("path", ""))
+    folder = find("dataset", repo, root)
+    if folder is None:
+        return None
+    dataset["path"] = str(folder.resolve())
+    revision = mirrored_revision("dataset", repo, root)
+    if revision:
+        dataset["revision"] = revision
+    task.metadata = task.metadata.model_copy(update={"dataset": dataset})
+    if type(task) not in _MIRRORED_CLASSES.values():
+        task.__class__ = _mirrored_class(type(task))
+    return folder

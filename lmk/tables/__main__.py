@@ -1,3 +1,0 @@
-from lmk.experiments.tables import main
-
-main()

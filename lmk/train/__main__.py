@@ -1,0 +1,5 @@
+"""`python -m lmk.train`."""
+
+from lmk.train.command import cli
+
+cli()

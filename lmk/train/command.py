@@ -1,0 +1,60 @@
+"""`python -m lmk.train`: compose -> validate -> preflight -> fit (`lmk.train.fit`) -> results.json.
+
+Examples:
+    python -m lmk.train encoder=tiny-modernbert pooling=lmk-variable trainer=cpu logger=wandb
+    python -m lmk.train -m pooling=lmk-fixed pooling.chunk_size=32,64,128
+    python -m lmk.train ckpt_path=last hydra.run.dir=<run dir>      # resume <run dir>/checkpoints/last.ckpt
+    python -m lmk.train overwrite=true hydra.run.dir=<finished run>  # start a finished folder over
+
+A run folder has one live owner (`lmk.run.lock`); a resumed run continues exactly (`lmk.train.resume`).
+This module stays torch-free so that a bad config fails in about a second: the training machinery is
+imported after validation.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import hydra
+from omegaconf import DictConfig
+
+from lmk.config import CONF_DIR, ConfigError, RootConfig, validate
+from lmk.run.cli import run_app
+
+
+def validate_job(cfg: Any) -> RootConfig:
+    """Every check a training job passes before compute: the config (`lmk.config.validate`), then this machine
+    (data paths, task names; `lmk.eval.preflight`). The row sweeper runs it on every job before launching."""
+    typed = validate(cfg)
+    # fast path: mteb's task registry (seconds) loads only once the config validated
+    from lmk.eval.preflight import preflight
+
+    try:
+        preflight(cfg)
+    except (ValueError, RuntimeError) as err:  # one line on the console, naming the path or task
+        raise ConfigError(str(err)) from err
+    return typed
+
+
+def run(cfg: DictConfig) -> float | None:
+    """Train one run from a composed config; returns the optimised metric (`train.monitor`)."""
+    typed = validate_job(cfg)  # the config fails in about a second, before torch / the model load
+    from lmk.hub.artifacts import check_available
+
+    check_available(cfg)  # offline (HF_HUB_OFFLINE): every hub model / dataset this job loads is on disk
+    # torch-free path: Lightning and the model load only after validation
+    from lmk.train.fit import fit
+
+    return fit(cfg, typed)
+
+
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")
+def main(cfg: DictConfig) -> float | None:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # dataloader workers fork after tokenizing
+    return run(cfg)
+
+
+def cli() -> None:
+    """`python -m lmk.train` and `lmk-train`: a command line that does not compose is one line, not Hydra's report."""
+    run_app(main, "train")

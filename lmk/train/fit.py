@@ -1,0 +1,255 @@
+"""One training run after validation: seed -> model -> data -> module -> Lightning fit -> export -> results.json.
+
+`fit(cfg, typed)` is what `python -m lmk.train` runs once the config validated (`lmk.train.command`). Every
+phase writes through `lmk.run.results.update_results`, so a failure in a later phase never loses what an
+earlier one recorded, and a failed run records its error.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import traceback
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import hydra
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
+from lightning.pytorch.utilities import rank_zero_only
+from omegaconf import DictConfig, OmegaConf
+
+from lmk.config import RootConfig, derive_seeds, to_container
+from lmk.eval.callback import build_eval_callback
+from lmk.export import export_sentence_transformers
+from lmk.hub.mirror import with_mirrored_sources
+from lmk.model.embedding import EmbeddingModel
+from lmk.run import lock as run_lock
+from lmk.run.cluster import cluster_plugins, submitit_rank
+from lmk.run.loggers import (
+    build_logger,
+    finish_loggers,
+    quiet_progress_bars,
+    use_hydra_logging,
+    wandb_info,
+)
+from lmk.run.results import Timer, config_hash_of, git_commit, update_results
+from lmk.train.module import ContrastiveModule
+from lmk.train.resume import ExactResume, start_fresh
+
+log = logging.getLogger(__name__)
+
+
+def is_rank_zero() -> bool:
+    """Whether this process is global rank 0 (known before `fit` under submitit's local executor too)."""
+    rank = submitit_rank()  # a task of submitit's local executor: Lightning cannot tell before fit
+    if rank is not None:
+        rank_zero_only.rank = rank
+        return rank == 0
+    return rank_zero_only.rank == 0
+
+
+def resolve_ckpt_path(ckpt_path: str | None, run_dir: Path) -> str | None:
+    """`last` -> <run_dir>/checkpoints/last.ckpt (None with a warning when there is none yet)."""
+    if ckpt_path in (None, "", "null"):
+        return None
+    if ckpt_path == "last":
+        path = run_dir / "checkpoints" / "last.ckpt"
+        if not path.exists():
+            log.warning("ckpt_path=last but %s does not exist: starting from scratch", path)
+            return None
+        return str(path)
+    if not Path(ckpt_path).exists():
+        raise FileNotFoundError(f"ckpt_path={ckpt_path!r} does not exist; use null, last or an existing .ckpt")
+    return ckpt_path
+
+
+def build_model(cfg: DictConfig, typed: RootConfig) -> EmbeddingModel:
+    """The EmbeddingModel of the config, at the training max lengths (data.query/passage_max_length)."""
+    data = cfg.data
+    return EmbeddingModel.build(cfg.encoder, cfg.pooling, query_max_length=int(data.get("query_max_length", 128)),
+                                passage_max_length=int(data.get("passage_max_length", 512)), seed=typed.seed)
+
+
+def build_datamodule(cfg: DictConfig, model: Any) -> Any:
+    """`instantiate(cfg.data, tokenizer=model.tokenizer)` (the PairDataModule of lmk.data)."""
+    # hub-id sources held by the hub mirror (`hub.mirror`) are read from it (compute nodes without internet)
+    return hydra.utils.instantiate(with_mirrored_sources(cfg.data), tokenizer=model.tokenizer, _convert_="all")
+
+
+def build_module(typed: RootConfig, model: Any) -> ContrastiveModule:
+    t = typed.train
+    return ContrastiveModule(
+        model, tau=t.tau, lr=t.lr, weight_decay=t.weight_decay, warmup_steps=t.warmup_steps,
+        warmup_shape=t.warmup_shape, grad_scale=t.grad_scale,
+        max_steps=typed.trainer.max_steps, grad_cache=t.grad_cache, grad_cache_chunk=t.grad_cache_chunk,
+        gather_across_devices=t.gather_across_devices, in_batch_negatives=t.in_batch_negatives,
+        use_teacher_scores=t.use_teacher_scores, teacher_temperature=t.teacher_temperature,
+        gradient_checkpointing=bool(getattr(typed.encoder, "gradient_checkpointing", False)),
+        # manual optimisation (grad cache) clips in the module; otherwise the Trainer clips
+        gradient_clip_val=typed.trainer.gradient_clip_val if t.grad_cache else None,
+    )
+
+
+def build_callbacks(typed: RootConfig, run_dir: Path, has_logger: bool) -> list[Any]:
+    """ModelCheckpoint first (the run reads it back), ExactResume, then the LR monitor and eval callback."""
+    t = typed.train
+    every = t.checkpoint_every_n_steps or max(typed.trainer.max_steps, 1)
+    callbacks: list[Any] = [
+        ModelCheckpoint(
+            dirpath=str(run_dir / "checkpoints"), filename="best", monitor=t.monitor, mode=t.monitor_mode,
+            save_top_k=1, save_last=True, every_n_train_steps=every, auto_insert_metric_name=False,
+        ),
+        ExactResume(run_dir),
+    ]
+    if has_logger:
+        callbacks.append(LearningRateMonitor(logging_interval="step"))
+    cb = build_eval_callback(typed.eval, run_dir) if typed.eval is not None else None
+    if cb is not None:
+        callbacks.append(cb)
+    return callbacks
+
+
+def build_trainer(typed: RootConfig, cfg: DictConfig, run_dir: Path, callbacks: list[Any], loggers: Any) -> Any:
+    kwargs = OmegaConf.to_container(cfg.trainer, resolve=True)
+    assert isinstance(kwargs, dict)
+    if typed.train.grad_cache:
+        kwargs["gradient_clip_val"] = None  # Lightning refuses it under manual optimisation; the module clips
+    kwargs.setdefault("default_root_dir", str(run_dir))
+    plugins = cluster_plugins()  # submitit's local executor started the ranks: Lightning must not spawn
+    extra = {"plugins": plugins} if plugins else {}
+    return hydra.utils.instantiate(kwargs, callbacks=callbacks, logger=loggers if loggers else False, **extra)
+
+
+def trainer_metrics(trainer: Any) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for key, value in trainer.callback_metrics.items():
+        try:
+            out[key] = float(value)
+        except (TypeError, ValueError):
+            continue
+    out["global_step"] = int(trainer.global_step)
+    return out
+
+
+@dataclass
+class _Run:
+    """What the phases of one training run share."""
+
+    cfg: DictConfig
+    typed: RootConfig
+    run_dir: Path
+    resolved: dict[str, Any]
+    digest: str
+    rank_zero: bool
+    timer: Timer = field(default_factory=Timer)
+    ckpt: str | None = None
+    loggers: Any = None
+    model: Any = None
+    datamodule: Any = None
+    module: Any = None
+    callbacks: list[Any] = field(default_factory=list)
+    trainer: Any = None
+
+
+def _start(run: _Run) -> None:
+    """Resolve the checkpoint; a new run starts its files over, a resumed one adds to them."""
+    run.ckpt = resolve_ckpt_path(run.typed.ckpt_path, run.run_dir)
+    if run.rank_zero:
+        if run.ckpt is None:
+            start_fresh(run.run_dir)  # a new run never appends to an old metrics.csv / W&B run
+        update_results(run.run_dir, fresh=run.ckpt is None, status="running", config=run.resolved,
+                       config_hash=run.digest, git_commit=git_commit())
+
+
+def _setup(run: _Run) -> None:
+    """Seed, model, data, module, loggers, callbacks and the Trainer."""
+    use_hydra_logging()
+    # seed_everything(0) is a real seed: never `if cfg.seed` (that skips seed 0).
+    pl.seed_everything(run.typed.seed, workers=True)
+    run.model = build_model(run.cfg, run.typed)
+    run.datamodule = build_datamodule(run.cfg, run.model)
+    run.module = build_module(run.typed, run.model)
+    run.loggers = build_logger(run.typed.logger, run.run_dir, run.resolved, resume=run.ckpt is not None)
+    if run.rank_zero:
+        # now, not only at the end: a killed run's results.json still points at its W&B run
+        update_results(run.run_dir, wandb=wandb_info(run.loggers))
+    for lg in (run.loggers if isinstance(run.loggers, list) else [run.loggers] if run.loggers else []):
+        lg.log_hyperparams(run.resolved)  # resolved: no ${...} left in W&B / hparams.yaml
+    run.callbacks = build_callbacks(run.typed, run.run_dir, has_logger=bool(run.loggers))
+    run.trainer = build_trainer(run.typed, run.cfg, run.run_dir, run.callbacks, run.loggers)
+
+
+def _fit(run: _Run) -> float:
+    """Lightning's fit (resumed from `run.ckpt`), the final step always checkpointed; returns its seconds."""
+    t0 = time.perf_counter()
+    with warnings.catch_warnings():
+        if getattr(getattr(run.datamodule, "cfg", None), "streaming", True) is False:
+            # The map-style sampler resumes mid-epoch (lmk.train.resume); Lightning cannot tell and warns it
+            # does not. A stream has no position to restore: that warning stays.
+            warnings.filterwarnings("ignore", message=".*dataloader is not resumable.*")
+        run.trainer.fit(run.module, datamodule=run.datamodule, ckpt_path=run.ckpt)
+    if run.callbacks[0]._last_global_step_saved != run.trainer.global_step:
+        run.trainer.save_checkpoint(str(run.run_dir / "checkpoints" / "last.ckpt"))
+    return time.perf_counter() - t0
+
+
+def _finish(run: _Run, fit_s: float, metrics: dict[str, float]) -> None:
+    """Rank 0: the export and the finished results.json (metrics, timings, data report, checkpoints)."""
+    typed, run_dir = run.typed, run.run_dir
+    if typed.train.export:
+        with run.timer.section("export"), quiet_progress_bars():
+            export_sentence_transformers(run.model, run_dir / "export")
+    timings: dict[str, Any] = dict(run.timer.timings)
+    steps = metrics["global_step"] - run.module.fit_start_step  # a resumed fit ran only the rest
+    timings["fit_steps"] = steps
+    timings["fit_steps_per_s"] = round(steps / fit_s, 4) if fit_s > 0 else None
+    update_results(
+        run_dir, status="done", metrics=metrics, timings=timings, wandb=wandb_info(run.loggers),
+        data_fingerprint=getattr(run.datamodule, "fingerprint", None),
+        data=getattr(run.datamodule, "report", None),  # per source: rows kept / skipped as bad
+        checkpoints={"last": str(run_dir / "checkpoints" / "last.ckpt"),
+                     "best": run.callbacks[0].best_model_path or None, "resumed_from": run.ckpt},
+        export=str(run_dir / "export") if typed.train.export else None,
+    )
+
+
+def fit(cfg: DictConfig, typed: RootConfig) -> float | None:
+    """Train one run from a validated config; returns the optimised metric (`train.monitor`)."""
+    run_dir = Path(typed.run_dir)
+    digest = config_hash_of(cfg)  # before deriving seeds: the sweeper hashes the config as composed
+    cfg = derive_seeds(cfg)  # null encoder.seed / data.seed = the root seed
+    resolved = to_container(cfg)
+    resolved.pop("hydra", None)
+    run = _Run(cfg, typed, run_dir, resolved, digest, rank_zero=is_rank_zero())
+    exit_code = 1
+    # Before anything is written: a folder owned by another live run, or a finished run not meant to be
+    # reused, is refused here (and leaves results.json alone). Usually the Hydra callback took it already.
+    lock = run_lock.claim(run_dir, typed.ckpt_path, typed.overwrite)
+    try:
+        _start(run)
+        with run.timer.section("setup"):
+            _setup(run)
+        with run.timer.section("fit"):
+            fit_s = _fit(run)
+        metrics = trainer_metrics(run.trainer)
+        run.rank_zero = run.trainer.is_global_zero
+        if run.rank_zero:
+            _finish(run, fit_s, metrics)
+        exit_code = 0
+        value = metrics.get(typed.train.monitor)
+        return None if value is None else float(value)
+    except BaseException as err:
+        if run.rank_zero:
+            try:
+                update_results(run_dir, status="failed", error=f"{type(err).__name__}: {err}",
+                               traceback=traceback.format_exc(limit=20), timings=dict(run.timer.timings))
+            except Exception:  # noqa: BLE001 - never mask the real error
+                log.exception("could not write results.json")
+        raise
+    finally:
+        finish_loggers(run.loggers, exit_code=exit_code)
+        if lock is not None:
+            run_lock.release(run_dir)

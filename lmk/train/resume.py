@@ -1,0 +1,105 @@
+"""Exact resume: a run killed mid-epoch and resumed with `ckpt_path=last` continues as if never stopped.
+
+What makes it exact, and where:
+- data order: `EpochSampler`'s position in the epoch, checkpointed through `PairDataModule.state_dict`;
+- negatives and variable chunk draws: seeded from each batch's sample keys (no state to save);
+- dropout and anything else on the global generators: `ExactResume` saves the torch / numpy / python
+  RNG states in the checkpoint and puts them back just before the first resumed batch (after the
+  DataLoader iterator, which draws a seed from torch's generator, has been created);
+- metrics.csv: rows the killed run logged after its last checkpoint are dropped, so each step is
+  logged once;
+- W&B: the run id is kept in `<run_dir>/wandb_run_id`; a resumed run continues it (`resume="allow"`).
+"""
+
+from __future__ import annotations
+
+import csv
+import logging
+import os
+import random
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import numpy as np
+import torch
+
+from lmk.run.loggers import WANDB_ID_FILE
+
+log = logging.getLogger(__name__)
+
+METRICS_FILE = "metrics.csv"
+
+
+def start_fresh(run_dir: str | os.PathLike) -> None:
+    """Drop what a previous run left that a new (not resumed) run would otherwise append to."""
+    for name in (METRICS_FILE, WANDB_ID_FILE):
+        (Path(run_dir) / name).unlink(missing_ok=True)
+
+
+def trim_metrics(run_dir: str | os.PathLike, from_step: int) -> int:
+    """Remove metrics.csv rows logged at `step >= from_step` (after the checkpoint being resumed); returns how many."""
+    path = Path(run_dir) / METRICS_FILE
+    if not path.is_file():
+        return 0
+    with open(path, newline="") as fh:
+        reader = csv.DictReader(fh)
+        fields, rows = reader.fieldnames or [], list(reader)
+    keep = [r for r in rows if not r.get("step") or int(float(r["step"])) < from_step]
+    if len(keep) == len(rows):
+        return 0
+    with open(path, "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(keep)
+    return len(rows) - len(keep)
+
+
+def _rng_states() -> dict[str, Any]:
+    # Plain tensors / ints / lists only: Lightning loads checkpoints with torch.load(weights_only=True).
+    name, keys, pos, has_gauss, gauss = np.random.get_state()
+    states: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate(),
+                              "numpy": [name, keys.tolist(), int(pos), int(has_gauss), float(gauss)]}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def _set_rng_states(states: dict[str, Any]) -> None:
+    torch.set_rng_state(states["torch"])
+    name, keys, pos, has_gauss, gauss = states["numpy"]
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, gauss))
+    random.setstate(states["python"])
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+
+
+class ExactResume(pl.Callback):
+    """Checkpoints the global RNG states and trims metrics.csv on resume (see the module docstring)."""
+
+    def __init__(self, run_dir: str | os.PathLike) -> None:
+        self.run_dir = Path(run_dir)
+        self._pending: dict[str, Any] | None = None
+
+    @property
+    def state_key(self) -> str:
+        return "ExactResume"  # fixed, not the class name: a subclass still restores the state
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"rng": _rng_states()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._pending = state_dict.get("rng")
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._pending is not None and trainer.is_global_zero:
+            dropped = trim_metrics(self.run_dir, trainer.global_step)
+            if dropped:
+                log.info("resume at step %d: dropped %d metrics.csv rows logged after that checkpoint",
+                         trainer.global_step, dropped)
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
+                             batch_idx: int) -> None:
+        if self._pending is not None:
+            _set_rng_states(self._pending)
+            self._pending = None
