@@ -15,8 +15,9 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from lmk.config.data import DataConfig, SourceConfig  # noqa: E402
-from lmk.data.datamodule import EpochSampler, PairCollator, PairDataModule, sample_group  # noqa: E402
+from lmk.data.datamodule import PairCollator, PairDataModule  # noqa: E402
 from lmk.data.pairs import PairDataError, load_pairs  # noqa: E402
+from lmk.data.sampling import EpochSampler, sample_group  # noqa: E402
 
 
 def _records(n: int, n_neg=lambda i: 3, scores: bool = True) -> list[dict]:

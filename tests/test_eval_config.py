@@ -74,7 +74,7 @@ def test_hub_task_filters_are_applied_without_data() -> None:
         ({"tasks": ["LocalShort"], "groups": {"g": ["LocalShort", "LocalPasskey"]}}, "eval.groups.g"),
         ({"n_docs": 5, "n_queries": 10}, "eval.n_queries"),
         ({"tasks": ["LocalShort"], "task_options": {"LocalShort": {"splits": ["x"]}}}, "unknown keys"),
-        ({"bogus": 1}, "unknown keys ['bogus']"),
+        ({"bogus": 1}, "unknown key eval.bogus"),
     ],
 )
 def test_bad_values_name_the_key(override: dict, fragment: str) -> None:

@@ -13,7 +13,7 @@ import yaml
 
 from lmk.config.eval import EvalConfig
 from lmk.run.results import read_results, update_results
-from lmk.sweep.eval_stage import plan_shards
+from lmk.sweep.jobs import plan_shards
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -84,3 +84,18 @@ def test_export_trainable_pooler(tmp_path):
     st = SentenceTransformer(str(path), trust_remote_code=True, device="cpu")
     np.testing.assert_allclose(st.encode(TEXTS), m.encode(TEXTS), atol=1e-5)
     np.testing.assert_allclose(load_exported(path).encode(TEXTS), m.encode(TEXTS), atol=1e-6)
+
+
+def test_an_export_written_before_the_layout_loads() -> None:
+    """A folder exported by the flat-layout lmk (commit f99b5e6) loads unchanged, as lmk and as
+    sentence-transformers, and embeds as it did then."""
+    fixture = Path(__file__).resolve().parent / "fixtures" / "export-v0.1"
+    expected = json.loads((fixture / "expected.json").read_text())
+    folder = fixture / "lmk-latent"
+    assert [m["type"] for m in json.loads((folder / "modules.json").read_text())] == [
+        "lmk.export.LandmarkTransformer", "lmk.export.LandmarkPooling"]
+    model = load_exported(folder)
+    got = model.encode(expected["texts"], side="passage", max_length=expected["max_length"])
+    np.testing.assert_allclose(got, np.asarray(expected["embeddings"]["lmk-latent"], dtype=np.float32), atol=1e-6)
+    st = SentenceTransformer(str(folder), trust_remote_code=True, device="cpu")
+    assert isinstance(st[0], LandmarkTransformer) and isinstance(st[1], LandmarkPooling)

@@ -121,10 +121,11 @@ def _scales() -> list[Any]:
 
 @pytest.mark.parametrize("scale", _scales())
 def test_prefetch_list_equals_what_every_job_loads(scale: str, empty_hf_cache: Path) -> None:
-    jobs = prefetch_cmd._compose_jobs(SPEC, scale)
+    jobs = prefetch_cmd.scale_jobs(SPEC, scale)
     assert jobs, f"scale {scale} has no jobs"
     seen: set[str] = set()
-    for label, cfg in jobs:
+    for job in jobs:
+        label, cfg = f"{job.block}/{job.id}", job.compose()
         # rows differ in pooling only; jobs with the same encoder / data / eval / model open the same things
         model_set = str(cfg.get("model")) not in ("None", "null", "")
         parts = [k for k in ("data", "eval") if k in cfg] + ([] if model_set else ["encoder"])

@@ -10,7 +10,7 @@ a failed job is recorded while the other rows go on.
 # No `from __future__ import annotations` here: Hydra imports plugin modules outside sys.modules and
 # dataclasses then cannot resolve string annotations.
 
-import json
+import difflib
 import logging
 import shlex
 import sys
@@ -20,11 +20,19 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional  # noqa: UP035 (OmegaConf needs typing generics)
 
 from hydra.core.config_store import ConfigStore
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.plugins import Plugins
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.plugins.launcher import Launcher
 from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
-from omegaconf import DictConfig, OmegaConf
+from hydra.utils import get_method
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+
+from lmk.config import ConfigError, effective_batch
+from lmk.run.files import write_json
+from lmk.run.results import STATUS_DONE, config_hash_of, read_results, update_results
+from lmk.sweep.jobs import job_id, job_overrides
 
 log = logging.getLogger(__name__)
 
@@ -70,8 +78,6 @@ def _effective_batch(job_cfg: DictConfig) -> Optional[Dict[str, Any]]:  # noqa: 
     """Queries per optimiser step of a training job (lmk.config.effective_batch); None for other jobs."""
     if "trainer" not in job_cfg or "data" not in job_cfg:
         return None
-    from lmk.config import effective_batch
-
     try:
         # read key by key: interpolations (trainer.devices: ${launcher.gpus_per_node}) resolve in the job's config
         trainer = {k: job_cfg.trainer.get(k) for k in ("devices", "num_nodes", "accumulate_grad_batches")}
@@ -91,10 +97,6 @@ def _entry_point() -> list[str]:
 
 def _row_error(row: str, row_overrides: list[str], exc: Exception, config: Any) -> Exception:
     """A compact error naming the row whose overrides do not compose, with the nearest valid key."""
-    import difflib
-
-    from lmk.config import ConfigError
-
     # Hydra's first line ("Could not override 'x.y'.") without its advice to append with `+` (a typo is
     # the likely cause in a spec row), then OmegaConf's reason ("Key 'y' is not in struct").
     reason = str(exc).splitlines()[0].rstrip(".") if str(exc) else type(exc).__name__
@@ -134,8 +136,6 @@ class RowSweeper(Sweeper):
         self.hydra_context: HydraContext | None = None
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
-        from hydra.core.plugins import Plugins
-
         self.config, self.hydra_context = config, hydra_context
         self.launcher = Plugins.instance().instantiate_launcher(
             hydra_context=hydra_context, task_function=task_function, config=config
@@ -144,8 +144,6 @@ class RowSweeper(Sweeper):
     # -- planning -------------------------------------------------------------------------------
     def plan(self, arguments: list[str]) -> list[dict[str, Any]]:
         """Every row's job: overrides, folder, config hash and whether it is already done."""
-        from lmk.run.results import STATUS_DONE, config_hash_of, read_results
-
         assert self.config is not None and self.hydra_context is not None
         for arg in arguments:
             key, _, value = arg.partition("=")
@@ -155,16 +153,13 @@ class RowSweeper(Sweeper):
                     "put each variant in its own row"
                 )
         sweep_dir = Path(self.config.hydra.sweep.dir)
-        from hydra.utils import get_method
-
         check = get_method(self.validate) if self.validate else None
         report = get_method(self.report) if self.report else None
         jobs = []
         for row, row_overrides in self.rows.items():
             for seed in self.seeds or [None]:
-                job = row if seed is None else f"{row}/seed{seed}"
-                overrides = [*arguments, *row_overrides, *([] if seed is None else [f"seed={seed}"]),
-                             f"++row={row}", f"hydra.sweep.subdir={job}"]
+                job = job_id(row, seed)  # the same job as lmk.sweep.jobs plans (prefetch, cost estimate)
+                overrides = [*job_overrides(arguments, row_overrides, row, seed), f"hydra.sweep.subdir={job}"]
                 try:
                     job_cfg = self.hydra_context.config_loader.load_sweep_config(
                         master_config=self.config, sweep_overrides=list(overrides)
@@ -214,9 +209,6 @@ class RowSweeper(Sweeper):
 
     @staticmethod
     def _call_on_job(fn: Any, job_cfg: DictConfig, job_dir: Path) -> Any:
-        from hydra.core.hydra_config import HydraConfig
-        from omegaconf import open_dict, read_write
-
         # set_config makes the config read-only: a second call on the same job must reopen it
         with read_write(job_cfg), open_dict(job_cfg):
             with read_write(job_cfg.hydra.runtime):
@@ -234,8 +226,6 @@ class RowSweeper(Sweeper):
 
     # -- sweeping -------------------------------------------------------------------------------
     def sweep(self, arguments: list[str]) -> list[JobReturn]:
-        from lmk.run.results import update_results
-
         assert self.config is not None and self.launcher is not None
         sweep_dir = Path(self.config.hydra.sweep.dir)
         sweep_dir.mkdir(parents=True, exist_ok=True)
@@ -244,8 +234,7 @@ class RowSweeper(Sweeper):
         entry = _entry_point()
         plan = {"sweep_dir": str(sweep_dir), "launcher": launcher_cfg, "jobs": jobs,
                 "command": [shlex.join([*entry, *j["overrides"]]) for j in jobs]}
-        with open(sweep_dir / "jobs.json", "w") as fh:
-            json.dump(plan, fh, indent=2, default=str)
+        write_json(sweep_dir / "jobs.json", plan)
         pending = [j for j in jobs if not j["skip"]]
         for j in jobs:
             log.info("row %-16s %s  %s", j["job"], "skip (done, same config)" if j["skip"] else "run ",
@@ -295,8 +284,7 @@ class RowSweeper(Sweeper):
                                    config_hash=job["config_hash"], row=job["row"])
                 status[job["job"]] = entry
             returns.extend(results)
-        with open(sweep_dir / "sweep_status.json", "w") as fh:
-            json.dump(status, fh, indent=2)
+        write_json(sweep_dir / "sweep_status.json", status)
         failed = [r for r, s in status.items() if s["status"] == "failed"]
         log.info("sweep finished: %d run, %d skipped, %d failed%s", len(pending),
                  len(jobs) - len(pending), len(failed), f" ({', '.join(failed)})" if failed else "")

@@ -22,6 +22,7 @@ from lmk.analysis.attention import (
     PROBE_ATTN,
     ROW_KINDS,
     AttentionProfile,
+    NotApplicable,
     attention_profile,
     bin_attention,
     pooled_rows,
@@ -56,6 +57,7 @@ from lmk.analysis.runs import ModelChoice, choose_models, latest_table2_sweep, l
 __all__ = [
     "PROBE_ATTN",
     "ROW_KINDS",
+    "NotApplicable",
     "TASKS",
     "AttentionProfile",
     "ModelChoice",

@@ -30,7 +30,6 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from transformers.modeling_utils import AttentionInterface
 
 from lmk.analysis.common import _check_int, _device, _max_length, bin_centers
-from lmk.model.pooling import POOLERS
 
 if TYPE_CHECKING:  # imported lazily at run time: analysis sits above model / data in the layering
     from lmk.model.embedding import EmbeddingModel
@@ -85,18 +84,23 @@ def bin_attention(
 # --------------------------------------------------------------------------------------------------
 
 
+class NotApplicable(ValueError):
+    """The model's pooler declares no attention rows (`Pooler.attention_rows = None`): the probe does not apply."""
+
+
 def pooling_kind(model: EmbeddingModel) -> str:
-    """'cls', 'mean' or 'lmk': whose attention rows make the model's embedding."""
-    declared = getattr(getattr(model, "pooling_cfg", None), "pooler", None)
-    if declared in ROW_KINDS:
-        return declared
-    for name, cls in POOLERS.items():
-        if isinstance(model.pooler, cls) and name in ROW_KINDS:
-            return name
-    raise ValueError(
-        f"no attention rows are defined for pooler {type(model.pooler).__name__}; pass rows= one of "
-        f"{', '.join(ROW_KINDS)} to attention_profile"
-    )
+    """'cls', 'mean' or 'lmk': whose attention rows make the model's embedding, as its pooler declares
+    (`Pooler.attention_rows`); NotApplicable for a pooler that declares none."""
+    kind = getattr(model.pooler, "attention_rows", None)
+    if kind is None:
+        raise NotApplicable(
+            f"pooler {getattr(model.pooler, 'name', type(model.pooler).__name__)!r} declares no attention rows "
+            f"(attention_rows = None): the attention profile does not apply; pass rows= one of "
+            f"{', '.join(ROW_KINDS)} to attention_profile to probe some rows anyway"
+        )
+    if kind not in ROW_KINDS:
+        raise ValueError(f"pooler {model.pooler.name!r} declares attention_rows={kind!r}; allowed: {', '.join(ROW_KINDS)}")
+    return kind
 
 
 def pooled_rows(features: Mapping[str, torch.Tensor], kind: str) -> torch.Tensor:

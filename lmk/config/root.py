@@ -10,7 +10,6 @@ resolve, hub data on disk) are the entry points' preflight (`lmk.eval.preflight`
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -20,7 +19,7 @@ from omegaconf import OmegaConf, open_dict
 from lmk.config.data import DataConfig
 from lmk.config.eval import EvalConfig
 from lmk.config.model import EncoderConfig, PoolingConfig
-from lmk.config.schema import ConfigError, at_least, build_section, choice, positive, to_container
+from lmk.config.schema import ConfigError, at_least, build_section, choice, get_key, positive, to_container
 
 PRECISIONS = ("32", "32-true", "64", "64-true", "16", "16-mixed", "bf16", "bf16-mixed", "16-true", "bf16-true",
               "transformer-engine")
@@ -202,7 +201,7 @@ GROUP_SCHEMAS: dict[str, type] = {"encoder": EncoderConfig, "pooling": PoolingCo
 def build_group(path: str, node: Any) -> Any:
     """A group section through its schema; a schema message that does not start with the group is prefixed."""
     try:
-        return GROUP_SCHEMAS[path].coerce(node)
+        return GROUP_SCHEMAS[path].coerce(node, path)
     except (ValueError, TypeError) as err:
         if isinstance(err, ConfigError) and str(err).startswith(f"{path}"):
             raise
@@ -302,8 +301,9 @@ def _check_monitor(monitor: str, eval_cfg: Any) -> None:
     """An `eval/...` monitor needs an evaluation that logs it: else no best.ckpt is ever written."""
     if not monitor.startswith("eval/"):
         return
-    get = (lambda k, d: eval_cfg.get(k, d)) if isinstance(eval_cfg, Mapping) else (
-        lambda k, d: getattr(eval_cfg, k, d))
+    def get(key: str, default: Any) -> Any:
+        return get_key(eval_cfg, key, default)
+
     tasks = list(get("tasks", None) or []) if eval_cfg is not None else []
     groups = dict(get("groups", None) or {}) if eval_cfg is not None else {}
     runs = eval_cfg is not None and (get("every_n_steps", None) is not None or get("at_fit_end", True))

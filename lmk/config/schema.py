@@ -9,7 +9,7 @@ import difflib
 import types
 import typing
 from collections.abc import Mapping
-from typing import Any, Literal, Union
+from typing import Any, ClassVar, Literal, Union
 
 from hydra.errors import CompactHydraException
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -109,7 +109,21 @@ def _type_name(hint: Any) -> str:
 
 
 def build_section(cls: type, node: Any, path: str) -> Any:
-    """Build dataclass `cls` from a mapping, checking keys and types; errors name `path.key`."""
+    """Build dataclass `cls` from a mapping, checking keys and types; errors name `path.key`.
+
+    The one way every schema is built (root sections and the groups alike): unknown keys (with the closest
+    known one), then each value against its type hint, then the dataclass's own checks (`__post_init__`).
+    Errors are ConfigError, or the schema's own subclass of it (`_error`)."""
+    error = getattr(cls, "_error", ConfigError)
+    try:
+        return _build(cls, node, path)
+    except ConfigError as err:
+        if isinstance(err, error):
+            raise
+        raise error(str(err)) from None
+
+
+def _build(cls: type, node: Any, path: str) -> Any:
     if node is None:
         node = {}
     if not isinstance(node, Mapping):
@@ -130,7 +144,7 @@ def build_section(cls: type, node: Any, path: str) -> Any:
     except ConfigError:
         raise
     except (ValueError, TypeError) as err:
-        raise ConfigError(f"{path}: {err}") from err
+        raise ConfigError(str(err) if not path or str(err).startswith(path) else f"{path}: {err}") from err
 
 
 
@@ -162,9 +176,10 @@ def get_key(node: Any, key: str, default: Any = None) -> Any:
 
 
 class Coercible:
-    """Mixin for config dataclasses: `coerce(x)` and `to_dict()`."""
+    """Mixin for the group schemas: `coerce(x)` (through `build_section`) and `to_dict()`."""
 
-    _error: type[Exception] = ConfigError  # the error a bad key raises
+    _error: type[Exception] = ConfigError  # the error a bad key or value raises (ConfigError or a subclass)
+    section: ClassVar[str] = ""  # the config key the schema validates: messages name `<section>.<key>`
 
     @classmethod
     def _prepare(cls, cfg: Any) -> Any:
@@ -172,19 +187,17 @@ class Coercible:
         return cfg
 
     @classmethod
-    def coerce(cls, cfg: Any):  # noqa: ANN206 - returns cls
+    def coerce(cls, cfg: Any, path: str | None = None):  # noqa: ANN206 - returns cls
+        """A checked instance from a dataclass, DictConfig or dict (`path`: the key messages name)."""
         if isinstance(cfg, cls):
             return cfg
         if dataclasses.is_dataclass(cfg) and not isinstance(cfg, type):
             cfg = dataclasses.asdict(cfg)
         cfg = cls._prepare(plain(cfg))
+        path = cls.section if path is None else path
         if not isinstance(cfg, dict):
-            raise TypeError(f"{cls.__name__}: expected a dataclass, DictConfig or dict, got {type(cfg).__name__}")
-        known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-        unknown = sorted(set(cfg) - known)
-        if unknown:
-            raise cls._error(f"{cls.__name__}: unknown keys {unknown}; allowed keys: {', '.join(sorted(known))}")
-        return cls(**cfg)
+            raise cls._error(f"{path}: expected a mapping (dataclass, DictConfig or dict), got {type(cfg).__name__}")
+        return build_section(cls, cfg, path)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)  # type: ignore[call-overload]

@@ -35,7 +35,7 @@ from filelock import FileLock
 
 from lmk.data.retrieval import RetrievalCorpus
 from lmk.hub.offline import hub_offline
-from lmk.run.files import follow_umask
+from lmk.run.files import follow_umask, write_json
 
 BGE_FULL_DATA_ID = "cfli/bge-full-data"
 LONGEMBED_ID = "dwzhu/LongEmbed"
@@ -249,7 +249,7 @@ def ensure_built_folder(
         try:
             files = write_bge_folder(tmp, splits, shards, description)
             meta = {"fingerprint": fingerprint, "files": files, "report": report}
-            (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
+            write_json(tmp / "meta.json", meta)
             if folder.exists():
                 shutil.rmtree(folder)
             os.replace(tmp, folder)

@@ -38,6 +38,7 @@ import pyarrow.parquet as pq
 
 from lmk.config.data import LOCAL_SOURCE, REPLICA_PREFIX, SourceConfig
 from lmk.data import offline_pairs, replica
+from lmk.run.files import write_json
 
 log = logging.getLogger(__name__)
 
@@ -336,8 +337,7 @@ def _gen(
     if stats_path is None:  # streaming: nothing is cached, report each pass
         _report(src, stats)
     else:
-        Path(stats_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(stats_path).write_text(json.dumps(stats.to_dict()))
+        write_json(stats_path, stats.to_dict())
 
 
 def empty_message(source: SourceConfig, stats: ReadStats) -> str:

@@ -197,6 +197,38 @@ def suite_metrics(section: Mapping[str, Any]) -> dict[str, float]:
     return metrics
 
 
+def _evaluate_task(task: AbsTask, encoder: LmkEncoder, cache: mteb.ResultCache, store: Path, cfg: EvalConfig
+                   ) -> tuple[dict[str, Any], dict[str, Any], float]:
+    """One task through mteb (cached splits reused): its summary, its per-query scores and its seconds."""
+    name = task.metadata.name
+    _repair_cache(cache, task, encoder, store)
+    _drop_stale_cache(cache, task, encoder, store)
+    _install_per_query_hook(task, store)
+    calls_before, start = encoder.n_encode_calls, time.perf_counter()
+    result = mteb.evaluate(
+        encoder,
+        task,
+        cache=cache,
+        overwrite_strategy=cfg.overwrite,
+        encode_kwargs={"batch_size": cfg.batch_size, "show_progress_bar": cfg.show_progress},
+        show_progress_bar=False,
+        co2_tracker=False,
+        raise_error=True,
+    )
+    seconds = round(time.perf_counter() - start, 3)
+    if not result.task_results:
+        raise RuntimeError(f"eval {name}: mteb returned no result ({result.exceptions})")
+    summary = summarize_scores(result.task_results[0].scores, task.metadata.main_score, task.eval_splits,
+                               task.hf_subsets)
+    log.info("eval %s: %s=%.4f %s%s", name, summary["metric"], summary["main_score"],
+             {k: round(v, 4) for k, v in summary["splits"].items()},
+             " (from cache)" if encoder.n_encode_calls == calls_before else "")
+    pq, missing = _task_per_query(task, store)
+    if missing:
+        log.warning("eval %s: no per-query scores for %s (cached before per-query saving?)", name, missing)
+    return summary, pq, seconds
+
+
 @quiet_progress_bars()  # mteb's per-task dataset maps: one bar each, seconds of work
 def run_suite(
     model: EmbeddingModel,
@@ -239,36 +271,10 @@ def run_suite(
     model.eval()
     try:
         for i, task in enumerate(task_list, 1):
+            log.info("eval [%d/%d] %s (%s), splits %s, model %s", i, len(task_list), task.metadata.name,
+                     task.metadata.main_score, list(task.eval_splits), meta.name)
             name = task.metadata.name
-            log.info("eval [%d/%d] %s (%s), splits %s, model %s", i, len(task_list), name, task.metadata.main_score,
-                     list(task.eval_splits), meta.name)
-            _repair_cache(cache, task, encoder, store)
-            _drop_stale_cache(cache, task, encoder, store)
-            _install_per_query_hook(task, store)
-            calls_before, start = encoder.n_encode_calls, time.perf_counter()
-            result = mteb.evaluate(
-                encoder,
-                task,
-                cache=cache,
-                overwrite_strategy=cfg.overwrite,
-                encode_kwargs={"batch_size": cfg.batch_size, "show_progress_bar": cfg.show_progress},
-                show_progress_bar=False,
-                co2_tracker=False,
-                raise_error=True,
-            )
-            timings[name] = round(time.perf_counter() - start, 3)
-            if not result.task_results:
-                raise RuntimeError(f"eval {name}: mteb returned no result ({result.exceptions})")
-            summary = summarize_scores(result.task_results[0].scores, task.metadata.main_score,
-                                       task.eval_splits, task.hf_subsets)
-            section["tasks"][name] = summary
-            log.info("eval %s: %s=%.4f %s%s", name, summary["metric"], summary["main_score"],
-                     {k: round(v, 4) for k, v in summary["splits"].items()},
-                     " (from cache)" if encoder.n_encode_calls == calls_before else "")
-            pq, missing = _task_per_query(task, store)
-            if missing:
-                log.warning("eval %s: no per-query scores for %s (cached before per-query saving?)", name, missing)
-            per_query[name] = pq
+            section["tasks"][name], per_query[name], timings[name] = _evaluate_task(task, encoder, cache, store, cfg)
     finally:
         model.train(was_training)
     task_main = {t: e["main_score"] for t, e in section["tasks"].items()}

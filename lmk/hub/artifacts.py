@@ -29,7 +29,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from lmk.config.data import LOCAL_SOURCE as LOCAL_DATA
 from lmk.config.data import is_named_source
 from lmk.config.eval import EvalConfig
-from lmk.config.schema import get_key
+from lmk.config.schema import get_key as _get
 from lmk.hub import mirror
 from lmk.hub.offline import hub_offline, is_hub_id
 
@@ -68,7 +68,6 @@ class Artifact:
 
 
 # ------------------------------------------------------------------------------------------ listing
-_get = get_key
 
 
 def _plain(node: Any) -> Any:

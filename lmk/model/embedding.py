@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
+from tqdm.auto import tqdm
 from transformers import AutoModel, AutoTokenizer, PreTrainedModel
 
 from lmk.config.model import EncoderConfig, PoolingConfig
@@ -22,6 +23,7 @@ from lmk.model.device import autocast, resolve_precision
 from lmk.model.long_attention import lean_attention
 from lmk.model.pooling import build_pooler
 from lmk.model.tokenization import LandmarkTokenizer
+from lmk.run.files import write_json
 
 log = logging.getLogger(__name__)
 
@@ -256,8 +258,6 @@ class EmbeddingModel(torch.nn.Module):
         try:
             it: Any = batches
             if show_progress:
-                from tqdm.auto import tqdm
-
                 it = tqdm(batches, desc=f"encode {side}", unit="batch")
             for idx in it:
                 feats = self.tokenizer([texts[i] for i in idx], train=False, max_length=budget)
@@ -313,7 +313,7 @@ class EmbeddingModel(torch.nn.Module):
         if cfg["pooler"]["weights"]:
             state = {k: v.detach().cpu().contiguous() for k, v in self.pooler.state_dict().items()}
             save_file(state, str(path / POOLER_WEIGHTS_FILE))
-        (path / LMK_CONFIG_FILE).write_text(json.dumps(cfg, indent=2, sort_keys=True))
+        write_json(path / LMK_CONFIG_FILE, cfg)
 
     @classmethod
     def from_pretrained(

@@ -15,9 +15,10 @@ from omegaconf import OmegaConf
 from transformers import AutoConfig
 
 from lmk.config.model import EncoderConfig
-from lmk.export import load_exported
 from lmk.hub.offline import is_hub_id
+from lmk.model.backbone import config_positions
 from lmk.model.embedding import EmbeddingModel
+from lmk.model.export import load_exported
 
 log = logging.getLogger(__name__)
 
@@ -58,15 +59,6 @@ def _st_transformer_dir(path: Path) -> Path:
     return path
 
 
-def _native_positions(config: Any) -> int:
-    n = getattr(config, "max_position_embeddings", None)
-    if n is None:
-        return 512
-    if getattr(config, "model_type", "") in ("roberta", "xlm-roberta", "camembert"):
-        n -= int(config.pad_token_id) + 1  # RoBERTa-style positions start after padding_idx
-    return int(n)
-
-
 def load_hf_encoder(ref: str, pooling_cfg: Any, seed: int = 0) -> Any:
     """Any Hugging Face encoder (hub id or local folder, no lmk metadata) with `pooling_cfg` on top."""
     if pooling_cfg is None:
@@ -84,7 +76,7 @@ def load_hf_encoder(ref: str, pooling_cfg: Any, seed: int = 0) -> Any:
             f"(cause: {type(err).__name__}: {err})"
         ) from err
     name = local.name if local.is_dir() else ref.replace("/", "--")
-    enc = EncoderConfig(name=f"hf-{name}", source="hub", model_id=src, max_positions=_native_positions(config),
+    enc = EncoderConfig(name=f"hf-{name}", source="hub", model_id=src, max_positions=config_positions(config),
                         seed=seed)
     return EmbeddingModel.build(enc, pooling_cfg, seed=seed)
 

@@ -20,6 +20,7 @@ import logging
 from collections.abc import Callable, Sequence
 from functools import cache, lru_cache
 
+from sentence_splitter import SentenceSplitter
 from sentencex import segment
 
 from lmk.config.model import DEFAULT_LANGUAGE, DEFAULT_SPLITTER, SPLITTERS, check_splitter, koehn_languages  # noqa: F401
@@ -46,15 +47,13 @@ def _sentencex(text: str, language: str) -> list[str]:
 
 @cache
 def _koehn(language: str) -> Callable[[str], list[str]]:
-    from sentence_splitter import SentenceSplitter
-
     return SentenceSplitter(language=language).split
 
 
 @lru_cache(maxsize=1)
 def _spacy_pipeline():  # -> spacy.Language | None
     try:
-        import spacy
+        import spacy  # optional: the authors' multilingual splitter, installed by those who want it
 
         nlp = spacy.load(SPACY_MODEL)
     except (ImportError, OSError):

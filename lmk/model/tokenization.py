@@ -16,18 +16,17 @@ flat arrays (one scatter into one padded array): no Python loop per token, no pe
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from itertools import chain
 from typing import Any
 
 import numpy as np
 import torch
 
-from lmk.config.names import STRATEGIES  # noqa: E402 - one list of names, shared with the torch-free config checks
+from lmk.model.layouts import STRATEGY_TRAITS, chunked_layout, pack, plain_layout, sentence_layout
 from lmk.model.sentences import DEFAULT_LANGUAGE, DEFAULT_SPLITTER, check_splitter, split_sentences
 
-# strategies whose pooled positions are inserted landmarks (>= 1 must survive truncation)
-_LANDMARK_STRATEGIES = ("fixed", "variable", "sentence")
+STRATEGIES: tuple[str, ...] = tuple(STRATEGY_TRAITS)  # the strategy names (their traits: lmk.model.layouts)
+
 _CONFIG_KEYS = (
     "strategy",
     "chunk_size",
@@ -84,38 +83,10 @@ def _first_id(tokenizer: Any, *attrs: str) -> int | None:
     return None
 
 
-@dataclass
-class _Layout:
-    """One batch laid out on flat arrays, before truncation and padding.
-
-    Content token k sits in row `c_row[k]` at position `c_pos[k]`; inserted token k (landmark, extra CLS,
-    final SEP) in row `i_row[k]` at `i_pos[k]` with id `i_id[k]`, pooled where `i_pool[k]`. Position 0 of
-    every row is the leading token. `total` is each row's untruncated length.
-    """
-
-    c_ids: np.ndarray
-    c_row: np.ndarray
-    c_pos: np.ndarray
-    i_row: np.ndarray
-    i_pos: np.ndarray
-    i_id: np.ndarray
-    i_pool: np.ndarray
-    total: np.ndarray
-    pool_lead: bool = False
-
-
 def _worker_seed() -> int | None:
     """The torch DataLoader worker's seed, None in the main process."""
     info = torch.utils.data.get_worker_info()
     return None if info is None else int(info.seed)
-
-
-def _rows_and_local(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """For counts per row, the row of each flat element and its index inside its row."""
-    rows = np.repeat(np.arange(len(lengths)), lengths)
-    starts = np.cumsum(lengths) - lengths
-    local = np.arange(int(lengths.sum())) - np.repeat(starts, lengths)
-    return rows, local
 
 
 class LandmarkTokenizer:
@@ -307,17 +278,22 @@ class LandmarkTokenizer:
 
         strategy = self._strategy
         if strategy in ("none", "every_k"):
-            layout = self._plain_layout(texts, budget)
+            # [CLS] content [SEP]: the content keeps budget - 2 tokens so the SEP always survives
+            layout = plain_layout(*self._content(texts, budget - 2), self._landmark_id)
         elif strategy == "sentence":
-            layout = self._sentence_layout(texts, budget, train)
+            ids, s_len, s_row = self._sentence_ids(texts, budget, train)
+            layout = sentence_layout(ids, s_len, s_row, len(texts), self._max_sentence_tokens, self._landmark_id)
         else:
             if strategy == "variable" and train:
                 sizes = np.asarray(self._train_chunk_sizes, dtype=np.int64)
                 chunk = self._generator().choice(sizes, size=len(texts))
             else:
                 chunk = np.full(len(texts), self._chunk_size, dtype=np.int64)
-            layout = self._chunked_layout(texts, budget, chunk, multi_cls=strategy == "multi_cls")
-        return self._pack(layout, budget)
+            # content past budget - 1 can never land inside the budget, so it is not even converted
+            layout = chunked_layout(*self._content(texts, budget - 1), chunk, strategy == "multi_cls",
+                                    self._landmark_id, self._cls_id)
+        return pack(layout, budget, strategy=strategy, chunk_size=self._chunk_size, cls_id=self._cls_id,
+                    landmark_id=self._landmark_id, pad_id=self._pad_id, left_padding=self.padding_side == "left")
 
     # ------------------------------------------------------------------------------------ layouts
     def _encode(self, texts: list[str], cap: int) -> list[list[int]]:
@@ -338,44 +314,6 @@ class LandmarkTokenizer:
         lengths = np.fromiter(map(len, enc), dtype=np.int64, count=len(enc))
         flat = np.fromiter(chain.from_iterable(enc), dtype=np.int64, count=int(lengths.sum()))
         return flat, lengths
-
-    def _plain_layout(self, texts: list[str], budget: int) -> _Layout:
-        # [CLS] content [SEP]: the content keeps budget - 2 tokens so the SEP always survives
-        ids, n = self._content(texts, budget - 2)
-        rows, local = _rows_and_local(n)
-        r = np.arange(len(texts))
-        return _Layout(
-            c_ids=ids,
-            c_row=rows,
-            c_pos=local + 1,
-            i_row=r,
-            i_pos=n + 1,
-            i_id=np.full(len(texts), self._landmark_id),
-            i_pool=np.zeros(len(texts), bool),
-            total=n + 2,
-        )
-
-    def _chunked_layout(self, texts: list[str], budget: int, chunk: np.ndarray, multi_cls: bool) -> _Layout:
-        # content position j -> 1 + j + j // g (one inserted token per complete chunk before it);
-        # content past budget - 1 can never land inside the budget, so it is not even converted.
-        ids, n = self._content(texts, budget - 1)
-        rows, local = _rows_and_local(n)
-        c_pos = 1 + local + local // chunk[rows]
-        m = np.maximum(1, -(-n // chunk))  # chunks per row (an empty text still gets one landmark)
-        i_row, i_local = _rows_and_local(m)
-        g = chunk[i_row]
-        if multi_cls:
-            # a CLS before chunks 2..m at k * (g + 1), then a final SEP after the content (not pooled)
-            is_last = i_local == m[i_row] - 1
-            i_pos = np.where(is_last, n[i_row] + m[i_row], (i_local + 1) * (g + 1))
-            i_id = np.where(is_last, self._landmark_id, self._cls_id)
-            i_pool = ~is_last
-        else:
-            # landmark after content min((i+1) g, n), shifted by the i landmarks before it
-            i_pos = 1 + np.minimum((i_local + 1) * g, n[i_row]) + i_local
-            i_id = np.full(len(i_row), self._landmark_id)
-            i_pool = np.ones(len(i_row), bool)
-        return _Layout(ids, rows, c_pos, i_row, i_pos, i_id, i_pool, total=1 + n + m, pool_lead=multi_cls)
 
     def _split(self, text: str, train: bool) -> list[str]:
         pieces = split_sentences(text, self._language, self._splitter)
@@ -424,90 +362,3 @@ class LandmarkTokenizer:
                 tokenize(rest)
         ids = np.fromiter(chain.from_iterable(pieces), dtype=np.int64, count=int(s_len.sum()))
         return ids, s_len, s_row
-
-    def _sentence_layout(self, texts: list[str], budget: int, train: bool) -> _Layout:
-        ids, s_len, s_row = self._sentence_ids(texts, budget, train)
-        n = np.bincount(s_row, weights=s_len, minlength=len(texts)).astype(np.int64)
-        rows, local = _rows_and_local(n)  # the sentences of a text are consecutive in `ids`
-
-        # landmark boundaries: at each piece's end (an empty piece included, as the authors: a blank line
-        # gives two landmarks in a row) and, with a cap, after every `cap` tokens inside a piece
-        s_start = np.cumsum(s_len) - s_len - (np.cumsum(n) - n)[s_row]  # piece offset in its text
-        if self._max_sentence_tokens is None:
-            b_row, b_end = s_row, s_start + s_len
-        else:
-            g = self._max_sentence_tokens
-            parts = np.maximum(1, -(-s_len // g))
-            p_sent, p_local = _rows_and_local(parts)
-            b_row = s_row[p_sent]
-            b_end = s_start[p_sent] + np.minimum((p_local + 1) * g, s_len[p_sent])
-        # a text without pieces (empty or blank) still gets its [LMK] (boundary 0)
-        empty = np.flatnonzero(np.bincount(s_row, minlength=len(texts)) == 0)
-        if len(empty):
-            b_row = np.concatenate([b_row, empty])
-            b_end = np.concatenate([b_end, np.zeros(len(empty), np.int64)])
-            order = np.argsort(b_row, kind="stable")
-            b_row, b_end = b_row[order], b_end[order]
-        b_count = np.bincount(b_row, minlength=len(texts))
-        _, b_local = _rows_and_local(b_count)
-
-        # landmarks before content j = boundaries <= j in its row: one searchsorted on row-strided keys
-        stride = int(n.max()) + 1
-        b_key = b_row * stride + b_end
-        before = (
-            np.searchsorted(b_key, rows * stride + local, side="right") - (np.cumsum(b_count) - b_count)[rows]
-        )
-        return _Layout(
-            c_ids=ids,
-            c_row=rows,
-            c_pos=1 + local + before,
-            i_row=b_row,
-            i_pos=1 + b_end + b_local,
-            i_id=np.full(len(b_row), self._landmark_id),
-            i_pool=np.ones(len(b_row), bool),
-            total=1 + n + b_count,
-        )
-
-    # -------------------------------------------------------------------------- truncate and pad
-    def _pack(self, lay: _Layout, budget: int) -> dict[str, torch.Tensor]:
-        n_rows = len(lay.total)
-        length = np.minimum(lay.total, budget)
-        width = int(length.max())
-        # left padding shifts every position of a row by its amount of padding
-        shift = width - length if self.padding_side == "left" else np.zeros(n_rows, np.int64)
-        ids = np.full((n_rows, width), self._pad_id, dtype=np.int64)
-        pool = np.zeros((n_rows, width), dtype=bool)
-        r = np.arange(n_rows)
-        ids[r, shift] = self._cls_id
-        pool[r, shift] = lay.pool_lead
-
-        keep = lay.c_pos < budget
-        ids[lay.c_row[keep], lay.c_pos[keep] + shift[lay.c_row[keep]]] = lay.c_ids[keep]
-        keep = lay.i_pos < budget
-        i_row, i_col = lay.i_row[keep], lay.i_pos[keep] + shift[lay.i_row[keep]]
-        ids[i_row, i_col] = lay.i_id[keep]
-        pool[i_row, i_col] = lay.i_pool[keep]
-
-        cols = np.arange(width)
-        if self._strategy in _LANDMARK_STRATEGIES:
-            # every landmark of a row was truncated away: the last token becomes the landmark
-            lost = np.flatnonzero(~pool.any(axis=1))
-            last = shift[lost] + length[lost] - 1
-            ids[lost, last] = self._landmark_id
-            pool[lost, last] = True
-        elif self._strategy == "multi_cls":
-            # as the authors: cut to max_length - 1, then the closing SEP (never a CLS as the last token)
-            cut = np.flatnonzero(lay.total > budget)
-            last = shift[cut] + budget - 1
-            ids[cut, last] = self._landmark_id
-            pool[cut, last] = False
-        elif self._strategy == "every_k":
-            pos = cols[None, :] - shift[:, None]  # position inside the row, padding excluded
-            pool = (pos >= 0) & (pos < length[:, None]) & (pos % self._chunk_size == 0)
-
-        mask = (cols[None, :] >= shift[:, None]) & (cols[None, :] < (shift + length)[:, None])
-        return {
-            "input_ids": torch.from_numpy(ids),
-            "attention_mask": torch.from_numpy(mask.astype(np.int64)),
-            "pool_mask": torch.from_numpy(pool),
-        }

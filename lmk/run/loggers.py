@@ -29,6 +29,8 @@ from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.utilities import rank_zero_only
 from transformers.utils import logging as tf_logging
 
+from lmk.config.schema import get_key as _get
+
 log = logging.getLogger(__name__)
 
 
@@ -114,12 +116,6 @@ def quiet_progress_bars() -> Iterator[None]:
 
 
 WANDB_MODES = ("online", "offline", "disabled")
-
-
-def _get(cfg: Any, key: str, default: Any = None) -> Any:
-    if isinstance(cfg, Mapping):
-        return cfg.get(key, default)
-    return getattr(cfg, key, default)
 
 
 def wandb_credentials() -> bool:

@@ -29,7 +29,7 @@ from typing import Any
 from transformers import AutoConfig
 
 from lmk.config import to_container
-from lmk.config.schema import get_key
+from lmk.config.schema import get_key as _get
 from lmk.model.backbone import SHIPPED_CONFIGS, load_config_json, package_model_path
 
 GIB = 1024**3
@@ -250,7 +250,6 @@ def estimate_memory(
 
 
 # ---- from a composed job config -----------------------------------------------------------------
-_get = get_key
 
 
 def encoder_shape(encoder: Any) -> EncoderShape:

@@ -26,15 +26,13 @@ from pathlib import Path
 from typing import Any
 
 import mteb
-from hydra import compose, initialize_config_dir
 from mteb.abstasks.aggregated_task import AbsTaskAggregate
 
-from lmk.config import CONF_DIR
 from lmk.config.eval import EvalConfig
 from lmk.config.schema import get_key
 from lmk.eval.tasks import LOCAL_TASKS
 from lmk.sweep.cost import encoder_shape as from_config
-from lmk.sweep.eval_stage import plan_shards
+from lmk.sweep.jobs import plan_shards, stage_suite, train_block
 from lmk.sweep.spec import load_spec
 
 CHARS_PER_TOKEN = 4.0  # English BPE / WordPiece: about 4 characters per token
@@ -233,16 +231,13 @@ def sweep_estimate(spec_path: str, scale_name: str, rows: Sequence[str], gpu: st
     spec = load_spec(spec_path)
     scale = spec.scale(scale_name)
     by_id = {r.id: r for r in spec.rows}
-    first = by_id[rows[0]]
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-        cfg = compose("train", overrides=[*scale.train_overrides, *first.overrides, f"row={first.id}"])
-        stage = scale.eval_stage or {}
-        if stage:
-            suite = EvalConfig.from_cfg(compose("evaluate", overrides=[*stage.get("overrides", []),
-                                                                        *stage.get("launcher_overrides", [])]).eval)
-            n_shards = len(plan_shards(suite, str(stage.get("shard_by", "group"))))
-        else:
-            suite, n_shards = EvalConfig.from_cfg(cfg.eval).training_view(), 1
+    cfg = train_block(scale, [by_id[rows[0]]]).jobs()[0].compose()  # rows differ in pooling only
+    stage = scale.eval_stage or {}
+    if stage:
+        suite = stage_suite(scale)
+        n_shards = len(plan_shards(suite, str(stage.get("shard_by", "group"))))
+    else:
+        suite, n_shards = EvalConfig.from_cfg(cfg.eval).training_view(), 1
     launcher = cfg.get("launcher") or {}
     gpus = max(int(launcher.get("nodes", 1)) * int(launcher.get("gpus_per_node", 1)), 1)
     shape = encoder_shape(cfg.encoder)

@@ -4,12 +4,11 @@ At paper scale the suite is as costly as training (BEIR-15 alone is tens of mill
 at 8192 tokens), so the training jobs evaluate nothing (`eval.in_training: none`) and `lmk.sweep` runs this
 stage after them, through the same row sweeper and Hydra launcher (SLURM array, local GPUs, CPU):
 
-- `plan_shards(suite)`: the suite's tasks split into shards, one per eval group by default (a task listed by
-  several groups runs once, in the first); `shard_by: task` gives one shard per task;
-- `shard_rows(...)`: the row sweeper's rows file, one row `<row>--<shard>` per (training row, shard), each
-  `lmk.evaluate model=<train run dir> eval.tasks=[...]` on one device, tagged with the trained model's
-  fingerprint: a finished shard of the same model is skipped by the sweeper (same config hash, status
-  done), a crashed one (status failed / no results) reruns alone, a retrained row reruns all its shards;
+- the jobs (`lmk.sweep.jobs.eval_block`): the suite's tasks split into shards (`plan_shards`: one per eval
+  group by default), one job `<row>--<shard>` per (training row, shard), each `lmk.evaluate model=<train run
+  dir> eval.tasks=[...]` on one device, tagged with the trained model's fingerprint (`model_fingerprint`): a
+  finished shard of the same model is skipped by the sweeper (same config hash, status done), a crashed one
+  (status failed / no results) reruns alone, a retrained row reruns all its shards;
 - `merge(...)`: every finished shard's scores and per-query scores go into the training row's
   `results.json` "eval" section and `per_query.json` (groups recomputed over the whole suite), which the
   table reads as before.
@@ -28,36 +27,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from hydra import compose, initialize_config_dir
-
-from lmk.config import CONF_DIR
 from lmk.config.eval import EvalConfig
 from lmk.eval.scoring import group_scores
+from lmk.run.files import write_json
 from lmk.run.results import STATUS_DONE, update_results
+from lmk.sweep.jobs import SEP, eval_block, plan_shards, stage_suite
+from lmk.sweep.spec import Scale
 
 log = logging.getLogger(__name__)
-
-SHARD_BY = ("group", "task")
-SEP = "--"  # shard row id: <row>--<shard>
-
-
-def plan_shards(suite: EvalConfig, shard_by: str = "group") -> dict[str, list[str]]:
-    """{shard name: task names}, covering every task of the suite exactly once."""
-    if shard_by not in SHARD_BY:
-        raise ValueError(f"eval stage shard_by={shard_by!r}: allowed {', '.join(SHARD_BY)}")
-    if shard_by == "task":
-        return {t: [t] for t in suite.tasks}
-    shards: dict[str, list[str]] = {}
-    placed: set[str] = set()
-    for group, members in suite.groups.items():
-        todo = [t for t in members if t not in placed]
-        if todo:
-            shards[group] = todo
-            placed.update(todo)
-    rest = [t for t in suite.tasks if t not in placed]
-    if rest:
-        shards["ungrouped"] = rest
-    return shards
 
 
 def model_fingerprint(run_dir: str | Path) -> str | None:
@@ -74,26 +51,6 @@ def model_fingerprint(run_dir: str | Path) -> str | None:
         st = p.stat()
         h.update(f"{p.relative_to(run_dir)}|{st.st_size}|{st.st_mtime_ns}\n".encode())
     return h.hexdigest()[:16]
-
-
-def shard_rows(rows: Sequence[str], train_dir: str | Path, shards: Mapping[str, Sequence[str]]
-               ) -> tuple[dict[str, list[str]], list[str]]:
-    """The row sweeper's rows ({shard row id: overrides}) for every trained row, and the rows skipped
-    because their training has produced no model yet."""
-    out: dict[str, list[str]] = {}
-    untrained = []
-    for row in rows:
-        run = Path(train_dir) / row
-        fp = model_fingerprint(run)
-        if fp is None:
-            untrained.append(row)
-            continue
-        for shard, tasks in shards.items():
-            out[f"{row}{SEP}{shard}"] = [
-                f"model={run}", f"eval.tasks=[{','.join(tasks)}]", "~eval.groups", "eval.in_training=all",
-                f"++model_fingerprint={fp}", f"++eval_shard={shard}", f"++train_row={row}",
-            ]
-    return out, untrained
 
 
 def _read(path: Path) -> dict[str, Any]:
@@ -143,7 +100,7 @@ def merge(rows: Sequence[str], train_dir: str | Path, eval_dir: str | Path, suit
         if not tasks:
             continue
         groups = group_scores({t: e["main_score"] for t, e in tasks.items()}, suite.groups)
-        (run / "per_query.json").write_text(json.dumps(per_query, indent=1, sort_keys=True))
+        write_json(run / "per_query.json", per_query, indent=1)
         section = {"suite": suite.name, "tasks": tasks, "groups": groups,
                    "group_tasks": {g: list(m) for g, m in suite.groups.items()}, "per_query": "per_query.json",
                    "timings": timings, "stage": {"shards": status, "model_fingerprint": fp}, **meta}
@@ -154,47 +111,34 @@ def merge(rows: Sequence[str], train_dir: str | Path, eval_dir: str | Path, suit
     return report
 
 
-def stage_suite(overrides: Sequence[str]) -> EvalConfig:
-    """The eval suite the stage's `lmk.evaluate` overrides compose to."""
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-        cfg = compose("evaluate", overrides=list(overrides))
-    return EvalConfig.from_cfg(cfg.eval)
-
-
-def run_stage(scale: Any, rows: Sequence[str], out: Path, group: str, force: bool, dry_run: bool,
-              sweep_command: Any, run_block: Any) -> int:
-    """The eval stage of a sweep (`scale.eval_stage`): plan, launch through the row sweeper, merge.
-    Returns the number of failures (0 when every shard of every trained row is merged)."""
-    spec = dict(scale.eval_stage)
-    unknown = sorted(set(spec) - {"overrides", "shard_by", "launcher_overrides"})
-    if unknown:
-        raise ValueError(f"scale {scale.name!r}: unknown eval_stage keys {unknown}; allowed: overrides, shard_by, "
-                         "launcher_overrides")
-    overrides = [*spec.get("overrides", []), *spec.get("launcher_overrides", [])]
-    suite = stage_suite(overrides)
-    shards = plan_shards(suite, str(spec.get("shard_by", "group")))
-    for tasks in shards.values():  # every shard's config validates (groups dropped: merged per row later)
-        stage_suite([*overrides, f"eval.tasks=[{','.join(tasks)}]", "~eval.groups", "eval.in_training=all"])
+def run_stage(scale: Scale, rows: Sequence[str], out: Path, group: str, force: bool, dry_run: bool,
+              sweep_command: Any, run_block: Any, hub: Sequence[str] = ()) -> int:
+    """The eval stage of a sweep (`scale.eval_stage`): plan (`lmk.sweep.jobs.eval_block`), launch through the
+    row sweeper, merge. Returns 1 when a shard of a trained row is not merged or a row has no model, else 0."""
+    suite = stage_suite(scale, hub)
+    shards = plan_shards(suite, str(scale.eval_stage.get("shard_by", "group")))
     train_dir, eval_dir = out / "train", out / "eval"
     eval_dir.mkdir(parents=True, exist_ok=True)
     if dry_run:
-        jobs = [{"row": f"{row}{SEP}{shard}", "train_row": row, "shard": shard, "tasks": tasks,
-                 "overrides": [*overrides, f"model={train_dir / row}", f"eval.tasks=[{','.join(tasks)}]",
-                               "~eval.groups"]}
-                for row in rows for shard, tasks in shards.items()]
-        (eval_dir / "jobs.json").write_text(json.dumps({"suite": suite.name, "shards": shards, "jobs": jobs},
-                                                       indent=2))
+        block = eval_block(scale, rows, train_dir, hub)
+        for job in block.jobs()[:len(shards)]:  # one job per shard validates its suite subset before launch
+            EvalConfig.from_cfg(job.compose().eval)
+        jobs = [{"row": j.row, "train_row": j.row.split(SEP)[0], "shard": j.row.split(SEP)[1],
+                 "tasks": shards[j.row.split(SEP)[1]], "overrides": list(j.overrides)} for j in block.jobs()]
+        write_json(eval_dir / "jobs.json", {"suite": suite.name, "shards": shards, "jobs": jobs})
         print(f"[lmk.sweep] eval stage: {len(jobs)} jobs ({len(rows)} rows x {len(shards)} shards: "
               f"{', '.join(f'{s} ({len(t)} tasks)' for s, t in shards.items())}), one device each; "
               f"plan in {eval_dir / 'jobs.json'}", flush=True)
         return 0
-    shard_map, untrained = shard_rows(rows, train_dir, shards)
+    fingerprints = {row: model_fingerprint(train_dir / row) for row in rows}
+    untrained = [row for row, fp in fingerprints.items() if fp is None]
     if untrained:
         print(f"[lmk.sweep] eval stage: rows without a trained model (train them first): {', '.join(untrained)}",
               file=sys.stderr)
+    block = eval_block(scale, rows, train_dir, hub, fingerprints)
     code = 0
-    if shard_map:
-        cmd = sweep_command("lmk.evaluate", overrides, shard_map, eval_dir, scale, group, force, False)
+    if block.rows:
+        cmd = sweep_command(block, eval_dir, scale, group, force, False)
         code = run_block(cmd, scale.env)
     report = merge(rows, train_dir, eval_dir, suite, shards)
     failed = [f"{r}{SEP}{s}" for r, st in report.items() for s, v in st.items() if v != "done"]

@@ -8,50 +8,28 @@ import argparse
 import dataclasses
 import sys
 from pathlib import Path
-from typing import Any
 
-from hydra import compose, initialize_config_dir
-
-from lmk.config import CONF_DIR
-from lmk.config.eval import EvalConfig
 from lmk.hub import mirror
 from lmk.hub.artifacts import Artifact, cache_manifest_path, required_artifacts
 from lmk.hub.fetch import prefetch
-from lmk.sweep.eval_stage import SEP, plan_shards
 from lmk.sweep.hub_mirror import prepare
+from lmk.sweep.jobs import Job, plan
 from lmk.sweep.spec import load_spec
 
 
-def _compose_jobs(spec_path: str, scale_name: str) -> list[tuple[str, Any]]:
-    """(label, composed config) of every job a sweep of `scale_name` launches."""
+def scale_jobs(spec_path: str, scale_name: str, out: str | None = None) -> list[Job]:
+    """Every job a sweep of `scale_name` launches (`lmk.sweep.jobs.plan`: train, zero-shot, eval stage)."""
     spec = load_spec(spec_path)
     scale = spec.scale(scale_name)
-    rows = spec.rows_for(scale, None)
-    jobs = []
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-        for row in rows:
-            jobs.append((f"train/{row.id}", compose("train", overrides=[*scale.train_overrides, *row.overrides,
-                                                                        f"row={row.id}"])))
-            if scale.zero_shot:
-                jobs.append((f"zeroshot/{row.id}", compose("evaluate", overrides=[
-                    *scale.zero_shot_overrides, *row.overrides, f"row={row.id}"])))
-        stage = getattr(scale, "eval_stage", None) or {}
-        if stage:  # the eval stage: one lmk.evaluate job per (row, shard) on the trained model (lmk.sweep.eval_stage)
-            overrides = [*stage.get("overrides", []), *stage.get("launcher_overrides", [])]
-            suite = EvalConfig.from_cfg(compose("evaluate", overrides=overrides).eval)
-            for row in rows:
-                for shard, tasks in plan_shards(suite, str(stage.get("shard_by", "group"))).items():
-                    jobs.append((f"eval/{row.id}{SEP}{shard}", compose("evaluate", overrides=[
-                        *overrides, f"model=outputs/{spec.name}/{scale_name}/train/{row.id}",
-                        f"eval.tasks=[{','.join(tasks)}]", "~eval.groups", f"row={row.id}{SEP}{shard}"])))
-    return jobs
+    folder = Path(out or f"outputs/{spec.name}/{scale_name}")
+    return [job for block in plan(scale, spec.rows_for(scale, None), folder) for job in block.jobs()]
 
 
 def scale_artifacts(spec_path: str, scale_name: str) -> list[Artifact]:
     """The union of `required_artifacts` over every job of the scale."""
     unique: dict[tuple[str, str, str | None], Artifact] = {}
-    for _, cfg in _compose_jobs(spec_path, scale_name):
-        for art in required_artifacts(cfg):
+    for job in scale_jobs(spec_path, scale_name):
+        for art in required_artifacts(job.compose()):
             unique.setdefault(art.key, art)
     return list(unique.values())
 

@@ -25,6 +25,7 @@ import matplotlib.pyplot as plt
 import wandb
 from scipy.stats import ttest_rel
 
+from lmk.run.files import write_json
 from lmk.run.results import STATUS_DONE, read_results
 from lmk.sweep.spec import Column, Row, TableSpec, load_spec
 
@@ -403,7 +404,7 @@ def aggregate(spec_path: str | Path, scale: str, out: str | Path, with_optional:
         writer = csv.DictWriter(fh, fieldnames=list(records[0]) if records else ["row"])
         writer.writeheader()
         writer.writerows(records)
-    paths["json"].write_text(json.dumps({"spec": str(spec_path), "scale": scale, "cells": records}, indent=2))
+    write_json(paths["json"], {"spec": str(spec_path), "scale": scale, "cells": records})
     plot(table, paths["png"])
     return table, paths
 

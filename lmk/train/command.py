@@ -40,7 +40,7 @@ def validate_job(cfg: Any) -> RootConfig:
 def run(cfg: DictConfig) -> float | None:
     """Train one run from a composed config; returns the optimised metric (`train.monitor`)."""
     typed = validate_job(cfg)  # the config fails in about a second, before torch / the model load
-    from lmk.hub.artifacts import check_available
+    from lmk.hub.artifacts import check_available  # fast path: loaded once the config validated
 
     check_available(cfg)  # offline (HF_HUB_OFFLINE): every hub model / dataset this job loads is on disk
     # torch-free path: Lightning and the model load only after validation

@@ -23,9 +23,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from lmk.config import RootConfig, derive_seeds, to_container
 from lmk.eval.callback import build_eval_callback
-from lmk.export import export_sentence_transformers
 from lmk.hub.mirror import with_mirrored_sources
 from lmk.model.embedding import EmbeddingModel
+from lmk.model.export import export_sentence_transformers
 from lmk.run import lock as run_lock
 from lmk.run.cluster import cluster_plugins, submitit_rank
 from lmk.run.loggers import (

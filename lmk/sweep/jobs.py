@@ -1,0 +1,159 @@
+"""Every job a sweep of a table's scale launches, composed by one set of functions.
+
+A sweep runs in blocks, one Hydra multirun each (`hydra/sweeper=rows`): `train` (`lmk.train`, one job per row,
+or per row and seed), `zeroshot` (`lmk.evaluate` of the untrained encoder, per row) and `eval` (the eval stage:
+`lmk.evaluate` of each trained row, per shard of the suite). `plan(...)` gives the blocks; the overrides of a
+job are `job_overrides(block.common, row overrides, row, seed)`, the formula the row sweeper applies to every
+job it launches. The prefetch (what the jobs load), the cost estimate, the eval stage and the sweep itself
+therefore agree on every job's config.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig
+
+from lmk.config import CONF_DIR
+from lmk.config.eval import EvalConfig
+from lmk.sweep.spec import Row, Scale
+
+ENTRY_CONFIG = {"lmk.train": "train", "lmk.evaluate": "evaluate"}  # entry point -> its root config (conf/)
+SHARD_BY = ("group", "task")
+SEP = "--"  # eval-stage job id: <row>--<shard>
+STAGE_KEYS = ("overrides", "shard_by", "launcher_overrides")
+
+
+def job_overrides(common: Sequence[str], row_overrides: Sequence[str], row: str, seed: int | None = None
+                  ) -> list[str]:
+    """The overrides of one job: the block's, the row's, its seed, and the row id the results are filed under."""
+    return [*common, *row_overrides, *([] if seed is None else [f"seed={seed}"]), f"++row={row}"]
+
+
+def job_id(row: str, seed: int | None = None) -> str:
+    """The job's folder under its block: `<row>`, or `<row>/seed<k>` for one seed of a row."""
+    return row if seed is None else f"{row}/seed{seed}"
+
+
+@dataclass(frozen=True)
+class Job:
+    block: str
+    entry: str
+    id: str
+    row: str
+    seed: int | None
+    overrides: tuple[str, ...]
+
+    def compose(self) -> DictConfig:
+        """The job's config as the job composes it (without Hydra's runtime)."""
+        return compose_config(self.entry, self.overrides)
+
+
+@dataclass(frozen=True)
+class Block:
+    """One multirun: `common` overrides on every job, `rows` (row id -> its overrides) one job each (per seed)."""
+
+    name: str
+    entry: str
+    common: tuple[str, ...]
+    rows: Mapping[str, Sequence[str]]
+    seeds: tuple[int, ...] | None = None
+
+    def jobs(self) -> list[Job]:
+        return [Job(self.name, self.entry, job_id(row, seed), row, seed,
+                    tuple(job_overrides(self.common, overrides, row, seed)))
+                for row, overrides in self.rows.items() for seed in (self.seeds or (None,))]
+
+
+def compose_config(entry: str, overrides: Sequence[str]) -> DictConfig:
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        return compose(ENTRY_CONFIG[entry], overrides=list(overrides))
+
+
+def zero_shot_rows(rows: Sequence[Row]) -> list[Row]:
+    # lmk-variable only differs from lmk-fixed at training time; untrained it IS lmk-fixed-32.
+    return [r for r in rows if r.pooling != "lmk-variable"]
+
+
+def train_block(scale: Scale, rows: Sequence[Row], hub: Sequence[str] = (), seeds: Sequence[int] | None = None
+                ) -> Block:
+    return Block("train", "lmk.train", (*scale.train_overrides, *hub), {r.id: list(r.overrides) for r in rows},
+                 tuple(seeds) if seeds else None)
+
+
+def zeroshot_block(scale: Scale, rows: Sequence[Row], hub: Sequence[str] = ()) -> Block | None:
+    if not scale.zero_shot:
+        return None
+    return Block("zeroshot", "lmk.evaluate", (*scale.zero_shot_overrides, *hub),
+                 {r.id: list(r.overrides) for r in zero_shot_rows(rows)})
+
+
+def stage_overrides(scale: Scale, hub: Sequence[str] = ()) -> list[str]:
+    """The overrides every eval-stage job shares (its suite, the hub mirror, the launcher's sizes)."""
+    stage = dict(scale.eval_stage or {})
+    unknown = sorted(set(stage) - set(STAGE_KEYS))
+    if unknown:
+        raise ValueError(f"scale {scale.name!r}: unknown eval_stage keys {unknown}; allowed: {', '.join(STAGE_KEYS)}")
+    return [*stage.get("overrides", []), *hub, *stage.get("launcher_overrides", [])]
+
+
+def stage_suite(scale: Scale, hub: Sequence[str] = ()) -> EvalConfig:
+    """The eval suite the scale's eval stage runs."""
+    return EvalConfig.from_cfg(compose_config("lmk.evaluate", stage_overrides(scale, hub)).eval)
+
+
+def plan_shards(suite: EvalConfig, shard_by: str = "group") -> dict[str, list[str]]:
+    """{shard name: task names}, covering every task of the suite exactly once (a task listed by several
+    groups runs once, in the first; `shard_by: task` gives one shard per task)."""
+    if shard_by not in SHARD_BY:
+        raise ValueError(f"eval stage shard_by={shard_by!r}: allowed {', '.join(SHARD_BY)}")
+    if shard_by == "task":
+        return {t: [t] for t in suite.tasks}
+    shards: dict[str, list[str]] = {}
+    placed: set[str] = set()
+    for group, members in suite.groups.items():
+        todo = [t for t in members if t not in placed]
+        if todo:
+            shards[group] = todo
+            placed.update(todo)
+    rest = [t for t in suite.tasks if t not in placed]
+    if rest:
+        shards["ungrouped"] = rest
+    return shards
+
+
+def shard_overrides(run: Path, tasks: Sequence[str], shard: str, row: str, fingerprint: str | None) -> list[str]:
+    """One eval-stage job: the trained model of `run` on `tasks` (groups are merged per row afterwards)."""
+    return [f"model={run}", f"eval.tasks=[{','.join(tasks)}]", "~eval.groups", "eval.in_training=all",
+            *([f"++model_fingerprint={fingerprint}"] if fingerprint else []), f"++eval_shard={shard}",
+            f"++train_row={row}"]
+
+
+def eval_block(scale: Scale, rows: Sequence[str], train_dir: Path, hub: Sequence[str] = (),
+               fingerprints: Mapping[str, str | None] | None = None) -> Block | None:
+    """The eval stage's jobs for trained rows `rows` (ids under `train_dir`, `<row>/seed<k>` with seeds); with
+    `fingerprints`, one entry per row (None: not trained yet, no job) tags each job with its model."""
+    if not scale.eval_stage:
+        return None
+    shards = plan_shards(stage_suite(scale, hub), str(scale.eval_stage.get("shard_by", "group")))
+    jobs: dict[str, list[str]] = {}
+    for row in rows:
+        fp = (fingerprints or {}).get(row)
+        if fingerprints is not None and fp is None:
+            continue
+        for shard, tasks in shards.items():
+            jobs[f"{row}{SEP}{shard}"] = shard_overrides(train_dir / row, tasks, shard, row, fp)
+    return Block("eval", "lmk.evaluate", tuple(stage_overrides(scale, hub)), jobs)
+
+
+def plan(scale: Scale, rows: Sequence[Row], out: Path, *, hub: Sequence[str] = (), seeds: Sequence[int] | None = None,
+         zero_shot: bool = True, fingerprints: Mapping[str, str | None] | None = None) -> list[Block]:
+    """Every block of a sweep of `scale` into `out` (train, zero-shot, eval stage), in launch order."""
+    blocks: list[Any] = [train_block(scale, rows, hub, seeds), zeroshot_block(scale, rows, hub) if zero_shot else None]
+    trained = [job_id(r.id, s) for r in rows for s in (seeds or [None])]
+    blocks.append(eval_block(scale, trained, out / "train", hub, fingerprints))
+    return [b for b in blocks if b is not None]

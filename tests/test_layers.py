@@ -1,0 +1,70 @@
+"""The architecture as checks (docs/architecture.md): the import-linter contracts of pyproject.toml (layers, a
+torch-free config layer, no cycles), a tree a newcomer reads in a minute, and code small enough to read."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "lmk"
+# Entries of lmk/ that are not layers or leaves: the package marker, data files, and the command shims that keep
+# `python -m lmk.<command>` (and the export path saved folders name) working.
+SHIMS = ("evaluate.py", "tables.py", "prefetch.py", "notebooks.py", "export.py")
+MAX_ENTRIES, MAX_SHIM_LINES, MAX_MODULE_LINES, MAX_FUNCTION_LINES = 12, 20, 500, 80
+
+
+def _sources() -> list[Path]:
+    return sorted(p for p in [*PACKAGE.rglob("*.py"), *(ROOT / "hydra_plugins").rglob("*.py")])
+
+
+def test_import_contracts_are_kept() -> None:
+    linter = Path(sys.executable).with_name("lint-imports")
+    proc = subprocess.run([str(linter), "--no-cache"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "0 broken" in proc.stdout, proc.stdout[-4000:] + proc.stderr[-2000:]
+
+
+def test_the_tree_shows_the_layers() -> None:
+    entries = sorted(p.name for p in PACKAGE.iterdir() if p.name not in ("__init__.py", "__pycache__", "resources"))
+    layers = [e for e in entries if e not in SHIMS]
+    assert len(layers) <= MAX_ENTRIES, layers
+    assert all((PACKAGE / e).is_dir() for e in layers), f"a top-level module that is not a shim: {layers}"
+    for shim in SHIMS:
+        lines = (PACKAGE / shim).read_text().splitlines()
+        assert len(lines) < MAX_SHIM_LINES, f"lmk/{shim} is no thin shim ({len(lines)} lines)"
+
+
+@pytest.mark.parametrize("path", _sources(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_modules_and_functions_stay_small(path: Path) -> None:
+    text = path.read_text()
+    assert len(text.splitlines()) <= MAX_MODULE_LINES, f"{path.name}: {len(text.splitlines())} lines"
+    long = [f"{node.name} ({node.end_lineno - node.lineno + 1} lines)" for node in ast.walk(ast.parse(text))
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+            and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES]
+    assert not long, f"{path.name}: functions over {MAX_FUNCTION_LINES} lines: {long}"
+
+
+@pytest.mark.parametrize("path", _sources(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_imports_inside_functions_say_why_and_no_import_error_is_swallowed(path: Path) -> None:
+    lines = path.read_text().splitlines()
+    tree = ast.parse("\n".join(lines))
+    unexplained, swallowed = [], []
+    for fn in (n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)):
+        for node in ast.walk(fn):
+            if isinstance(node, ast.Import | ast.ImportFrom):
+                here, above = lines[node.lineno - 1], lines[node.lineno - 2].strip()
+                if "#" not in here and not above.startswith("#"):
+                    unexplained.append(node.lineno)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Try):
+            for handler in node.handlers:
+                names = ast.unparse(handler.type) if handler.type is not None else ""
+                silent = all(isinstance(s, ast.Pass) for s in handler.body)
+                if "ImportError" in names and silent:
+                    swallowed.append(handler.lineno)
+    assert not unexplained, f"{path.name}: imports inside functions without a comment saying why: lines {unexplained}"
+    assert not swallowed, f"{path.name}: an ImportError swallowed silently at lines {swallowed}"
