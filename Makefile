@@ -42,6 +42,7 @@ test-all: install
 
 lint: install
 	$(VENV)/bin/ruff check lmk tests benchmarks experiments hydra_plugins
+	$(VENV)/bin/lint-imports --no-cache   # the layering contracts of pyproject.toml (docs/architecture.md)
 
 reproduce-table2: install
 	$(PY) -m lmk.sweep experiments/table2/spec.yaml --scale $(SCALE) --out $(OUT)/table2/$(SCALE) $(if $(FORCE),--force,)

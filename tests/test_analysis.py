@@ -10,7 +10,9 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from components import CONF, POOLING_CONFIGS
 from matplotlib.figure import Figure
+from omegaconf import OmegaConf
 from transformers import BertConfig, BertModel, ModernBertConfig, ModernBertModel
 
 from lmk import analysis as an
@@ -447,3 +449,20 @@ def test_load_models_from_a_sweep_folder(models, tmp_path):
     np.testing.assert_allclose(m.encode([LONG], max_length=64), src.encode([LONG], max_length=64), atol=1e-5)
     with pytest.raises(ValueError, match="no run folder"):
         an.load_models(results_dir=tmp_path / "sweep" / "unfinished")
+
+
+@pytest.mark.parametrize("pooling", POOLING_CONFIGS)
+def test_attention_probe_applies_or_says_it_does_not(models, pooling):
+    """Every pooling option: the probe reads the rows its pooler declares, or says it does not apply."""
+    from lmk.config.model import PoolingConfig
+
+    cfg = PoolingConfig.coerce(OmegaConf.load(CONF / "pooling" / f"{pooling}.yaml"))
+    model = models["tiny-modernbert/cls"].with_pooling(cfg)
+    declared = type(model.pooler).attention_rows
+    if declared is None:
+        with pytest.raises(an.NotApplicable, match="declares no attention rows"):
+            an.attention_profile(model, [LONG], max_length=96)
+        return
+    prof = an.attention_profile(model, [LONG], max_length=96)
+    assert prof.rows == declared == an.pooling_kind(model)
+    np.testing.assert_allclose(prof.per_input.sum(2), 1.0, atol=1e-5)

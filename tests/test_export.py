@@ -10,6 +10,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import numpy as np
 import pytest
+from components import POOLING_CONFIGS
 from omegaconf import OmegaConf
 from sentence_transformers import SentenceTransformer
 
@@ -31,8 +32,12 @@ def build(encoder: str, pooling: str, **pool_over) -> EmbeddingModel:
     return EmbeddingModel.build(enc, pool, query_max_length=16, passage_max_length=64)
 
 
-@pytest.mark.parametrize(("encoder", "pooling"), [("minilm-l6", "lmk-fixed"), ("tiny-modernbert", "multi-cls"),
-                                                  ("minilm-l6", "cls")])
+# every conf/pooling option on the tiny ModernBERT (a new pooling is exported and reloaded here by itself), and the
+# pretrained MiniLM with two of them
+CASES = [("tiny-modernbert", p) for p in POOLING_CONFIGS] + [("minilm-l6", "lmk-fixed"), ("minilm-l6", "cls")]
+
+
+@pytest.mark.parametrize(("encoder", "pooling"), CASES)
 def test_export_reload_equal(tmp_path, encoder, pooling):
     m = build(encoder, pooling, chunk_size=8)
     path = export_sentence_transformers(m, tmp_path / "st")

@@ -10,6 +10,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import numpy as np
 import pytest
 import torch
+from components import POOLING_CONFIGS, group_options
 from omegaconf import OmegaConf
 
 from lmk.config.model import EncoderConfig, PoolingConfig
@@ -17,9 +18,8 @@ from lmk.model.backbone import load_backbone
 from lmk.model.embedding import EmbeddingModel
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
-POOLINGS = ("cls", "mean", "lmk-fixed", "lmk-variable", "lmk-sentence", "every-k", "multi-cls")
+POOLINGS = POOLING_CONFIGS  # every conf/pooling option: a new one is built and encoded here by itself
 ENCODERS = ("minilm-l6", "tiny-modernbert")
-HUB_ENCODERS = ("modernbert-base", "bert-base", "gte-en-mlm-base", "xlm-roberta-large")
 
 TEXTS = [
     "Landmark pooling inserts a separator after every chunk of tokens.",
@@ -52,7 +52,7 @@ def minilm() -> EmbeddingModel:
 
 
 # ------------------------------------------------------------------------------------------ configs
-@pytest.mark.parametrize("name", ENCODERS + HUB_ENCODERS)
+@pytest.mark.parametrize("name", group_options("encoder"))  # every conf/encoder option
 def test_encoder_yaml_validates(name):
     cfg = EncoderConfig.coerce(enc_cfg(name))
     assert cfg.name == name

@@ -23,13 +23,13 @@ def one_thread():
     torch.set_num_threads(before)
 
 
+# test-sized options of poolers whose defaults are paper-sized (any other pooler is built with its defaults)
+SMALL = {"latent_attention": {"num_latents": 4, "num_heads": 2}}
+
+
 def make(name: str) -> Pooler:
     torch.manual_seed(0)
-    return (
-        build_pooler(name, hidden_size=H, num_latents=4, num_heads=2)
-        if name == "latent_attention"
-        else build_pooler(name)
-    )
+    return build_pooler(name, hidden_size=H, **SMALL.get(name, {}))  # hidden_size reaches those that need it
 
 
 @pytest.fixture

@@ -194,8 +194,6 @@ class RowSweeper(Sweeper):
         try:
             self._call_on_job(check, job_cfg, job_dir)
         except Exception as exc:
-            from lmk.config import ConfigError
-
             # ConfigError is a compact Hydra error: one line naming the row, no traceback
             raise ConfigError(f"row {row!r} ({' '.join(row_overrides)}): {exc}") from exc
 

@@ -1,7 +1,13 @@
 """Data: training pairs (BGE format) and retrieval corpora (long-context, offline and hub).
 
-Submodules are imported lazily by their users (`lmk.data.datamodule`, `lmk.data.longembed`, ...) so that
-importing `lmk.data` stays cheap.
+    pairs.py          one reader for every training source (files, folders, hub ids, named sources), validated
+    sampling.py       groups, the seeded epoch order over weighted sources, streams
+    datamodule.py     PairDataModule (LightningDataModule) + PairCollator
+    offline_pairs.py  the offline default set (docstrings of the installed packages), cached in the hub layout
+    replica.py        a local replica of cfli/bge-full-data in its real layout
+    hub.py            hub loaders (LongEmbed, MLDR) and the BGE repo layout
+    longembed.py      passkey + needle generators; longdocs.py: the offline long-document task
+    retrieval.py      RetrievalCorpus; stats.py: `python -m lmk.data.stats`
 """
 
 from lmk.config.data import DataConfig, SourceConfig

@@ -1,8 +1,12 @@
-"""Evaluation: mteb encoder adapter, local tasks, suites, scoring, the runner and the Lightning callback.
+"""Evaluation: `python -m lmk.evaluate` (command.py), mteb underneath; the suite also runs inside training.
 
-Submodules are imported where used (mteb is heavy): `from lmk.eval.runner import run_suite`,
-`from lmk.eval.callback import build_eval_callback`, `from lmk.config.eval import EvalConfig`.
+    command.py    the entry point (torch-free until the config validated); evaluation.py: one model, one suite
+    preflight.py  checks before compute that read this machine (data paths, task names, hub data on disk)
+    suites.py     suite config -> mteb tasks (names checked, hub tasks pointed at the mirror)
+    tasks.py      local tasks (@local_task): regenerated passkey / needle, long documents, docstrings
+    encoder.py    the mteb encoder adapter around EmbeddingModel
+    runner.py     run_suite: mteb.evaluate per task, resumable cache, per-query scores
+    callback.py   the Lightning callback (suite during / at the end of training)
+    scoring.py    group means, LongEmbed averaging, paired t-tests
+    replicas.py   offline replicas of the paper's eval datasets in their hub layout
 """
-
-__all__ = ["callback", "config", "encoder", "estimate", "mirror", "replicas", "runner", "scoring", "stage", "suites",
-           "tasks"]

@@ -1,0 +1,9 @@
+"""Run infrastructure: what every command needs around its work, below the model and the data.
+
+    results.py  <run_dir>/results.json (merged, atomic), config hash, git commit, timings
+    files.py    atomic JSON writes, umask-following permissions, the lmk cache folder
+    lock.py     one live owner per run folder (run.lock), finished-folder reuse
+    loggers.py  W&B (offline without credentials, never fatal) + CSV; quiet console logging
+    cli.py      a command line that does not compose -> one line on stderr
+    cluster.py  Lightning's view of the ranks submitit's local executor starts
+"""

@@ -1,11 +1,14 @@
-"""Running a paper's table: the spec as data, the sweep driver, the aggregated table.
+"""Orchestration: a paper's table from spec to sweep to table (`python -m lmk.sweep`, `lmk.tables`).
 
-    spec.py     a paper table as data (rows, columns, scales) + validation before compute
-    sweep.py    spec -> one Hydra multirun per block (`hydra/sweeper=rows`) -> table
+    spec.py        a paper table as data (rows, columns, scales) + validation before compute
+    jobs.py        every job of a scale (train, zero-shot, eval stage), composed by one set of functions
+    driver.py      spec -> one Hydra multirun per block (`hydra/sweeper=rows`) -> eval stage -> table
+    eval_stage.py  evaluation as a stage of its own: one job per (row, shard), merged into each row
     hub_mirror.py  a scale's hub mirror: every job reads it (hub.mirror); missing replicas written first
-    tables.py   run folders' results.json -> Markdown / LaTeX / CSV / JSON / plot
-
-Entry points: `python -m lmk.sweep` and `python -m lmk.tables` (thin wrappers around `main` here).
-The row sweeper these drive is the Hydra plugin `hydra_plugins/lmk_row_sweeper` (Hydra discovers
-plugins only in that namespace package).
+    prefetch.py    `python -m lmk.prefetch`: download what every job of a scale loads
+    cost.py        parameters, FLOPs and per-device memory of a job; estimate.py: GPU-hours per stage
+    tables.py      run folders' results.json -> Markdown / LaTeX / CSV / JSON / plot
+    authors.py     the authors' values (experiments/*/authors.yaml) against the composed configs
+The row sweeper these drive is the Hydra plugin `hydra_plugins/lmk_row_sweeper` (Hydra discovers plugins only
+in that namespace package).
 """

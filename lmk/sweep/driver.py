@@ -191,9 +191,8 @@ def main(argv: list[str] | None = None) -> int:
         for name in ("train", "zeroshot"):
             if (sweep.out / name / "jobs.json").is_file():
                 print(f"[lmk.sweep] dry run: jobs in {sweep.out / name / 'jobs.json'}")
-        from lmk.sweep.estimate import (
-            print_sweep_estimate,  # fast path: the model shapes load for a dry run only
-        )
+        # fast path: the model shapes (torch) load for a dry run only
+        from lmk.sweep.estimate import print_sweep_estimate
 
         print_sweep_estimate(args.spec, args.scale, [r.id for r in sweep.rows])
         return 0

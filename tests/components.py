@@ -1,0 +1,20 @@
+"""What the parametrised tests iterate: the registries and the config folders, never a hand-kept list, so a
+new pooler class or pooling YAML is built, encoded, exported and probed by the tests on its own."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from lmk.config import registry
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+
+
+def group_options(group: str) -> tuple[str, ...]:
+    """The options of a config group (conf/<group>/*.yaml)."""
+    return tuple(sorted(p.stem for p in (CONF / group).glob("*.yaml")))
+
+
+POOLING_CONFIGS = group_options("pooling")  # every table row's pooling (conf/pooling)
+POOLER_NAMES = tuple(sorted(registry.poolers()))  # every registered pooler class (lmk/model/pooling)
+STRATEGY_NAMES = tuple(registry.strategies())  # every tokenization strategy (lmk.model.layouts)

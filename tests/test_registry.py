@@ -1,0 +1,92 @@
+"""One registry per concept, derived from the classes: the torch-free view lmk.config reads (ast, no import)
+equals the runtime registry, duplicates are refused, and declared needs match what the classes do."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from components import CONF, POOLER_NAMES, POOLING_CONFIGS, STRATEGY_NAMES
+from omegaconf import OmegaConf
+
+from lmk.config import ConfigError, PoolingConfig, registry
+from lmk.eval.tasks import LOCAL_TASK_CLASSES, local_task
+from lmk.model.layouts import STRATEGY_TRAITS
+from lmk.model.pooling import POOLERS, Pooler, build_pooler, register_pooler
+
+TRAITS = ("name", "needs_pool_mask", "needs_hidden_size", "trainable", "attention_rows")
+
+
+def test_the_torch_free_view_equals_the_runtime_registries() -> None:
+    declared = registry.poolers()
+    assert sorted(declared) == sorted(POOLERS) and POOLERS, "a pooler class is missing from one view"
+    for name, cls in POOLERS.items():
+        assert {t: declared[name][t] for t in TRAITS} == {t: getattr(cls, t) for t in TRAITS}, name
+    assert registry.strategies() == {k: dict(v) for k, v in STRATEGY_TRAITS.items()}
+
+
+def test_config_validation_imports_no_torch() -> None:
+    code = ("import sys\nfrom lmk.config import PoolingConfig, registry\n"
+            "PoolingConfig.coerce({'name': 'x', 'strategy': 'fixed', 'pooler': 'lmk'})\n"
+            "assert registry.poolers() and 'torch' not in sys.modules, sorted(m for m in sys.modules if 'torch' in m)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_a_duplicate_pooler_name_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="registered twice"):
+        @register_pooler
+        class AnotherMean(Pooler):  # noqa: F841 - the decorator refuses it
+            name = "mean"
+    (tmp_path / "a.py").write_text(textwrap.dedent('''
+        @register_pooler
+        class One(Pooler):
+            name = "same"
+    '''))
+    (tmp_path / "b.py").write_text(textwrap.dedent('''
+        @register_pooler
+        class Two(Pooler):
+            name = "same"
+    '''))
+    with pytest.raises(ConfigError, match="two classes register the name 'same'"):
+        registry.declared_classes(tmp_path, registry.POOLER_DECORATOR)
+
+
+def test_a_duplicate_local_task_is_refused() -> None:
+    name = next(iter(LOCAL_TASK_CLASSES))
+    with pytest.raises(ValueError, match="registered twice"):
+        local_task(type("Again", (LOCAL_TASK_CLASSES[name],), {}))
+
+
+@pytest.mark.parametrize("name", POOLER_NAMES)
+def test_declared_needs_match_the_class(name: str) -> None:
+    cls = POOLERS[name]
+    if cls.needs_hidden_size:
+        with pytest.raises(ValueError, match="hidden_size"):
+            build_pooler(name)
+    pooler = build_pooler(name, hidden_size=128)
+    assert cls.trainable == any(True for _ in pooler.parameters()), "trainable must say whether it has weights"
+    h, mask = torch.randn(2, 5, 128), torch.ones(2, 5, dtype=torch.long)
+    if cls.needs_pool_mask:
+        with pytest.raises(ValueError, match="pool_mask"):
+            pooler(h, mask)
+    out = pooler(h, mask, torch.ones(2, 5, dtype=torch.bool))
+    assert out.shape == (2, 128) and torch.allclose(out.norm(dim=-1), torch.ones(2))
+
+
+@pytest.mark.parametrize("name", POOLING_CONFIGS)
+def test_every_pooling_yaml_names_a_registered_pooler_and_strategy(name: str) -> None:
+    cfg = PoolingConfig.coerce(OmegaConf.load(CONF / "pooling" / f"{name}.yaml"))
+    assert cfg.name == name and cfg.pooler in POOLER_NAMES and cfg.strategy in STRATEGY_NAMES
+
+
+def test_a_pooler_that_needs_marked_positions_refuses_a_strategy_without_them() -> None:
+    needs = [n for n in POOLER_NAMES if POOLERS[n].needs_pool_mask]
+    unmarked = [s for s in STRATEGY_NAMES if not STRATEGY_TRAITS[s]["marks_pooled"]]
+    assert needs and unmarked
+    with pytest.raises(ConfigError, match="needs a strategy that marks pooled positions"):
+        PoolingConfig.coerce({"name": "x", "strategy": unmarked[0], "pooler": needs[0]})
