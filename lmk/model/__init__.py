@@ -15,8 +15,8 @@
 
 
 def __getattr__(name: str) -> object:
-    # `from lmk.model import EmbeddingModel` without importing torch for the layer's torch-free users
     if name == "EmbeddingModel":
+        # lazy: `from lmk.model import EmbeddingModel` without importing torch for the layer's torch-free users
         from lmk.model.embedding import EmbeddingModel
 
         return EmbeddingModel
