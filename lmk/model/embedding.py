@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -13,14 +14,13 @@ from typing import Any
 import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
-from tqdm.auto import tqdm
 from transformers import AutoModel, AutoTokenizer, PreTrainedModel
 
 from lmk.config.model import EncoderConfig, PoolingConfig
 from lmk.model.backbone import is_checkpointing, load_backbone, set_checkpointing, set_rope
-from lmk.model.batching import fixed_batches, token_budget_batches
 from lmk.model.device import autocast, resolve_precision
 from lmk.model.long_attention import lean_attention
+from lmk.model.pipeline import encode_texts
 from lmk.model.pooling import build_pooler
 from lmk.model.tokenization import LandmarkTokenizer
 from lmk.run.files import write_json
@@ -223,59 +223,64 @@ class EmbeddingModel(torch.nn.Module):
         *,
         max_tokens_per_batch: int | None = None,
         precision: str = "fp32",
+        workers: int | str = "auto",
+        prefetch: int = 2,
     ) -> np.ndarray:
         """float32 [N, H] embeddings in input order; batches are length-sorted to minimise padding.
 
         max_tokens_per_batch: fill each batch up to this many tokens, padding counted (rows x longest
         row), instead of `batch_size` rows; a text longer than the budget goes alone. precision:
         auto|bf16|fp16|fp32 autocast of the backbone on the model's device (auto: bf16 on GPUs, fp32 on
-        CPU); the weights are not cast and pooling runs in float32.
+        CPU); the weights are not cast and pooling runs in float32. workers: tokenization processes
+        (auto: from the cores and the device; 0: in this thread, for debugging), each keeping `prefetch`
+        batches ready (lmk.model.pipeline). Each text is tokenized once; the values do not depend on workers.
+        Raises EncodeError (a text that cannot be tokenized) or NonFiniteEmbeddingError, naming the index.
         """
         if isinstance(texts, str):
             raise TypeError("encode() takes a list of texts; wrap a single text as [text]")
         texts = list(texts)
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size={batch_size!r} must be a positive int")
+        if max_tokens_per_batch is not None and (isinstance(max_tokens_per_batch, bool) or not isinstance(
+                max_tokens_per_batch, int) or max_tokens_per_batch < 1):
+            raise ValueError(f"max_tokens_per_batch={max_tokens_per_batch!r} must be a positive int")
         budget = self._max_length(side, max_length)
         device = self.device
         precision = resolve_precision(precision, device, key="precision")
-        self.truncation_count = 0
-        n = len(texts)
-        out = np.empty((n, self.hidden_size), dtype=np.float32)
-        if n == 0:
-            return out
         for i, t in enumerate(texts):
             if not isinstance(t, str):
                 raise ValueError(f"texts[{i}] is {type(t).__name__}; every text must be a str")
-        if max_tokens_per_batch is not None:
-            batches = token_budget_batches(self.token_lengths(texts, side, budget), max_tokens_per_batch)
-        else:
-            # character length is a cheap proxy for token count (one extra tokenizer pass would cost more
-            # than the padding it saves)
-            batches = fixed_batches([len(t) for t in texts], batch_size)
         was_training = self.training
         self.eval()
         try:
-            it: Any = batches
-            if show_progress:
-                it = tqdm(batches, desc=f"encode {side}", unit="batch")
-            for idx in it:
-                feats = self.tokenizer([texts[i] for i in idx], train=False, max_length=budget)
-                self.truncation_count += int((feats["attention_mask"].sum(dim=1) >= budget).sum())
-                feats = {k: v.to(device, non_blocking=True) for k, v in feats.items()}
-                out[idx] = self._embed(feats, precision).cpu().numpy()
+            out, self.truncation_count = encode_texts(
+                functools.partial(self.tokenizer, train=False, max_length=budget),
+                functools.partial(self._embed_batch, precision=precision), texts,
+                hidden_size=self.hidden_size, budget=budget, device=device, batch_size=batch_size,
+                max_tokens_per_batch=max_tokens_per_batch, pad=(self.tokenizer.pad_id,
+                                                                self.tokenizer.padding_side == "left"),
+                workers=workers, prefetch=prefetch, progress=f"encode {side}" if show_progress else None,
+            )
         finally:
             self.train(was_training)
         if self.truncation_count:
-            log.info(
-                "%s: %d/%d %s texts reached max_length=%d (truncated)", self.name, self.truncation_count, n, side, budget
-            )
+            log.info("%s: %d/%d %s texts reached max_length=%d (truncated)", self.name, self.truncation_count,
+                     len(texts), side, budget)
         return out
 
-    def _embed(self, feats: dict[str, torch.Tensor], precision: str) -> torch.Tensor:
+    def _embed_batch(self, feats: dict[str, torch.Tensor], precision: str) -> torch.Tensor:
+        """One CPU batch -> float32 [B, H] embeddings on the model's device (copied without blocking; whether
+        the batch is padded is read on the CPU, so nothing waits on the device)."""
+        unpadded = feats["input_ids"].shape[0] == 1 and bool(feats["attention_mask"].all())
+        device = self.device
+        return self._embed({k: v.to(device, non_blocking=True) for k, v in feats.items()}, precision, unpadded)
+
+    def _embed(self, feats: dict[str, torch.Tensor], precision: str, unpadded: bool | None = None) -> torch.Tensor:
         """Inference forward of one tokenized batch -> float32 [B, H] embeddings."""
         inputs = {k: feats[k] for k in _BACKBONE_KEYS if k in feats}
-        if inputs["input_ids"].shape[0] == 1 and bool(feats["attention_mask"].all()):
+        if unpadded is None:
+            unpadded = inputs["input_ids"].shape[0] == 1 and bool(feats["attention_mask"].all())
+        if unpadded:
             # one unpadded row needs no mask: transformers then builds no [T, T] mask, and lean_attention
             # keeps ModernBERT's sliding-window layers free of one too (32k tokens fit in a few GB)
             inputs.pop("attention_mask", None)
