@@ -46,6 +46,10 @@ class EvalConfig(Coercible):
     # CPU). The fit-end eval uses the trainer's device; precision is an autocast, the weights are not cast.
     device: str = "auto"
     precision: str = "auto"
+    # Tokenization processes of the encode pipeline (lmk.model.pipeline): auto (from the cores and the device),
+    # or a count, 0 = in the model's thread (debugging); each keeps `prefetch` batches ready.
+    workers: Any = "auto"
+    prefetch: int = 2
     # Callback schedule: every N optimizer steps (None = only at fit end) and at the end of fit.
     every_n_steps: int | None = None
     at_fit_end: bool = True
@@ -85,6 +89,13 @@ class EvalConfig(Coercible):
         ):
             raise EvalConfigError(f"eval.max_tokens_per_batch={self.max_tokens_per_batch!r}: must be a positive "
                                   "integer (tokens per batch, padding counted) or null (eval.batch_size rows)")
+        if self.workers != "auto" and (isinstance(self.workers, bool) or not isinstance(self.workers, int)
+                                       or self.workers < 0):
+            raise EvalConfigError(f"eval.workers={self.workers!r}: must be auto or an integer >= 0 (tokenization "
+                                  "processes; 0 tokenizes in the model's thread)")
+        if isinstance(self.prefetch, bool) or not isinstance(self.prefetch, int) or self.prefetch < 1:
+            raise EvalConfigError(f"eval.prefetch={self.prefetch!r}: must be a positive integer (batches each "
+                                  "tokenization worker keeps ready)")
         try:
             check_device(self.device, "eval.device")
             check_precision(self.precision, "eval.precision")

@@ -5,7 +5,8 @@ mteb hands `encode` a DataLoader of dicts (`batch["text"]`) plus the prompt type
 long-context suites). The landmark tokenization of the configured pooling applies to both sides
 (eval mode: fixed chunk size), and `EmbeddingModel.encode` sorts texts by length into batches of at
 most `max_tokens_per_batch` tokens (padding counted; null: `batch_size` rows), under an autocast of
-`precision` on the model's device (the caller puts the model there).
+`precision` on the model's device (the caller puts the model there), tokenized by `workers` processes (the
+encode pipeline, lmk.model.pipeline). A NaN or inf embedding fails the task with the text's id.
 
 The ModelMeta name carries model, pooling (with chunk size) and the weights fingerprint, and the
 experiment kwargs carry the per-side max lengths (and a precision other than fp32): two variants never
@@ -25,6 +26,7 @@ from mteb.models.model_meta import ModelMeta
 from mteb.types import PromptType
 
 from lmk.model.device import resolve_precision
+from lmk.model.pipeline import NonFiniteEmbeddingError
 
 if TYPE_CHECKING:
     from mteb.abstasks.task_metadata import TaskMetadata
@@ -53,6 +55,8 @@ class LmkEncoder(AbsEncoder):
         tag: str | None = None,
         max_tokens_per_batch: int | None = None,
         precision: str = "fp32",
+        workers: int | str = "auto",
+        prefetch: int = 2,
     ) -> None:
         checks = [("query_max_length", query_max_length), ("passage_max_length", passage_max_length),
                   ("batch_size", batch_size)]
@@ -69,6 +73,8 @@ class LmkEncoder(AbsEncoder):
         # resolved against the model's device now, so the cache identity names the real precision
         self.precision = resolve_precision(precision, getattr(model, "device", "cpu"))
         self.show_progress = show_progress
+        # the encode pipeline's tokenization processes (lmk.model.pipeline): not part of the identity
+        self.workers, self.prefetch = workers, prefetch
         self.fingerprint = model.fingerprint()
         # Counters (tests and logs): encode calls, texts encoded, texts truncated to the max length.
         self.n_encode_calls = 0
@@ -130,15 +136,23 @@ class LmkEncoder(AbsEncoder):
         **kwargs: Any,
     ) -> np.ndarray:
         texts: list[str] = []
+        ids: list[Any] = []
         for batch in inputs:
             texts.extend(batch["text"])
+            ids.extend(batch.get("id") or [None] * len(batch["text"]))
         side = self.side(prompt_type)
         max_length = self.max_length(prompt_type)
         start = time.perf_counter()
-        emb = self.model.encode(
-            texts, side=side, batch_size=self.batch_size, max_length=max_length, show_progress=self.show_progress,
-            max_tokens_per_batch=self.max_tokens_per_batch, precision=self.precision,
-        )
+        try:
+            emb = self.model.encode(
+                texts, side=side, batch_size=self.batch_size, max_length=max_length, show_progress=self.show_progress,
+                max_tokens_per_batch=self.max_tokens_per_batch, precision=self.precision, workers=self.workers,
+                prefetch=self.prefetch,
+            )
+        except NonFiniteEmbeddingError as err:  # name the text as the task knows it
+            text_id = ids[err.index] if err.index < len(ids) and ids[err.index] is not None else err.index
+            raise NonFiniteEmbeddingError(err.index, f"eval {task_metadata.name} [{hf_split}/{hf_subset}] {side} "
+                                          f"{text_id!r}: {err}") from None
         elapsed = max(time.perf_counter() - start, 1e-9)
         truncated = int(getattr(self.model, "truncation_count", 0))
         self.n_encode_calls += 1

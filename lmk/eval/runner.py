@@ -261,7 +261,7 @@ def run_suite(
     # resolves against that device
     encoder = LmkEncoder(model, cfg.query_max_length, cfg.passage_max_length, cfg.batch_size,
                          show_progress=cfg.show_progress, tag=tag, max_tokens_per_batch=cfg.max_tokens_per_batch,
-                         precision=cfg.precision)
+                         precision=cfg.precision, workers=cfg.workers, prefetch=cfg.prefetch)
     meta = encoder.mteb_model_meta
     cache = mteb.ResultCache(cache_path=cache_dir)
     store = cache_dir / "per_query" / meta.model_name_as_path() / str(meta.revision) / (meta.experiment_name or "")
