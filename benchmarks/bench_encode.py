@@ -2,11 +2,15 @@
 
 Same weights (minilm-l6), same texts, batch size, max length and normalisation; our mean-pooled embeddings
 must equal sentence-transformers' to 1e-5. LMK pooling (fixed 32) is timed against our own mean pooling:
-the extra landmarks add about 1/32 tokens.
+the extra landmarks add about 1/32 tokens. Then the encode pipeline against its limit (benchmarks.encode_pipeline):
+end-to-end texts/s over the forward alone on pre-tokenized batches, tiny 2-layer ModernBERT, lmk-fixed-32 and
+lmk-sentence at two lengths, and the sentence splitter's cost (lmk-sentence time over lmk-fixed-32 time).
+Just this section: `python -m benchmarks.run --only encode --size full`.
 """
 
 from __future__ import annotations
 
+import statistics
 from typing import Any
 
 import numpy as np
@@ -20,12 +24,17 @@ from benchmarks.common import (
     paired_ratios,
     time_interleaved,
 )
+from benchmarks.encode_pipeline import full_texts, measure, tiny_modernbert
 
 SECTION = "encode"
 SIZES: dict[str, dict[str, Any]] = {
-    "tiny": {"n_texts": 12, "min_words": 5, "max_words": 100, "max_length": 96, "batch_size": 4, "repeats": 1},
-    "full": {"n_texts": 128, "min_words": 10, "max_words": 600, "max_length": 256, "batch_size": 32, "repeats": 7},
+    "tiny": {"n_texts": 12, "min_words": 5, "max_words": 100, "max_length": 96, "batch_size": 4, "repeats": 1,
+             # pipeline: max length -> texts (each filling it), batches of max_tokens tokens
+             "pipeline": {"lengths": {64: 4, 128: 2}, "max_tokens": 256, "repeats": 2}},
+    "full": {"n_texts": 128, "min_words": 10, "max_words": 600, "max_length": 256, "batch_size": 32, "repeats": 7,
+             "pipeline": {"lengths": {512: 64, 8192: 4}, "max_tokens": 32768, "repeats": 5}},
 }
+PIPELINE_POOLINGS = (("lmk", "fixed", 32), ("lmk", "sentence", None))
 
 
 def sentence_transformer(max_length: int) -> Any:
@@ -47,6 +56,37 @@ def max_abs_diff(a: np.ndarray, b: np.ndarray) -> float:
     if a.shape != b.shape:
         raise ValueError(f"embedding shapes differ: {a.shape} vs {b.shape}")
     return float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64))))
+
+
+def pipeline_figures(p: dict[str, Any]) -> list[dict[str, Any]]:
+    """encode.pipeline_vs_forward_only per pooling and length, and encode.lmk_sentence_vs_lmk_fixed."""
+    figs, e2e_s = [], {}
+    for length, n in p["lengths"].items():
+        texts = full_texts(n, int(length * 1.3) + 8, seed=length)
+        model = None
+        for k, (pooler, strategy, chunk) in enumerate(PIPELINE_POOLINGS):
+            pooling = find_pooling_conf(pooler, strategy, chunk)
+            model = tiny_modernbert(length, pooling) if model is None else model.with_pooling(pooling)
+            m = measure(model, texts, length, p["max_tokens"], p["repeats"])
+            label = model.pooling_cfg.label
+            e2e_s[k, length] = m["end_to_end_times_s"]
+            samples = m.pop("ratio_samples")
+            figs.append(figure(
+                SECTION, f"pipeline_vs_forward_only_{label}_{length}", unit="texts/s",
+                ours=m["texts"] * m["end_to_end_tokens_per_s"] / m["tokens"],
+                peer=m["texts"] * m["forward_only_tokens_per_s"] / m["tokens"],
+                peer_name="model forward alone on pre-tokenized, pre-batched inputs",
+                ratio_def="end_to_end_texts_per_s / forward_only_texts_per_s", goal=(">=", 0.9),
+                details={**m, "model": "tiny-modernbert, 2 layers"}, ratio_samples=samples))
+    length = min(p["lengths"])
+    fixed, sentence = e2e_s[0, length], e2e_s[1, length]  # PIPELINE_POOLINGS order
+    figs.append(figure(
+        SECTION, "lmk_sentence_vs_lmk_fixed", unit="s", ours=statistics.median(sentence),
+        peer=statistics.median(fixed), peer_name="lmk-fixed-32 end to end", ratio_def="lmk_sentence_s / lmk_fixed_s",
+        goal=("<=", 1.5), details={"max_length": length, "lmk_sentence_times_s": sentence,
+                                   "lmk_fixed_times_s": fixed, "model": "tiny-modernbert, 2 layers"},
+        ratio_samples=paired_ratios(sentence, fixed)))
+    return figs
 
 
 def run(size: str = "tiny") -> list[dict[str, Any]]:
@@ -88,5 +128,5 @@ def run(size: str = "tiny") -> list[dict[str, Any]]:
                details={**common, "lmk_tokens": lmk_tokens, "token_overhead": lmk_tokens / tokens - 1,
                         "ours_times_s": t_lmk["times_s"]},
                ratio_samples=paired_ratios(t_lmk["times_s"], t_ours["times_s"])),
-    ]
+    ] + pipeline_figures(p["pipeline"])
 

@@ -205,7 +205,8 @@ def test_a_nan_embedding_names_its_text_index_and_id(base):
 
 def test_workers_setting_resolves_and_is_validated():
     assert resolve_workers(0, "cpu") == 0 and resolve_workers(3, "cuda") == 3
-    assert resolve_workers("auto", "cpu") in (0, 1) and resolve_workers("auto", "cuda") >= 1
+    assert resolve_workers("auto", "cpu", chars=10**6) in (0, 1) and resolve_workers("auto", "cuda", chars=10**6) >= 1
+    assert resolve_workers("auto", "cuda", chars=100) == 0  # a small call: forking would cost more
     with pytest.raises(ValueError, match=r"workers=-1 is not valid; use 'auto' or an integer >= 0"):
         resolve_workers(-1, "cpu")
     assert EvalConfig.from_cfg({"workers": 4, "prefetch": 3}).workers == 4

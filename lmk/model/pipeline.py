@@ -35,6 +35,7 @@ from lmk.model.layouts import rows_and_local
 
 WINDOW = 128  # texts per tokenization task when planning token-budget batches
 MAX_AUTO_WORKERS = 8  # beyond this, tokenization outruns any single accelerator we target
+SMALL_CALL_CHARS = 1 << 16  # auto workers: a call with fewer characters is tokenized in the calling thread
 IN_FLIGHT = 4  # CUDA: embeddings copied back and not yet checked (their events are long done when read)
 Features = dict[str, torch.Tensor]
 
@@ -59,14 +60,17 @@ def available_cpus() -> int:
         return os.cpu_count() or 1
 
 
-def resolve_workers(spec: Any, device: torch.device | str) -> int:
-    """`workers` -> a count. auto: on an accelerator up to 8 processes, keeping 2 cores for the model's thread
-    and the pinning thread; on the CPU the model's own threads use every core, so 1 worker where there are 8 or
-    more cores (tokenization overlaps the forward) and none below."""
+def resolve_workers(spec: Any, device: torch.device | str, chars: int | None = None) -> int:
+    """`workers` -> a count. auto: none for a call whose texts total under SMALL_CALL_CHARS characters (forking
+    costs about what tokenizing them does); else, beside an accelerator, up to 8 processes keeping 2 cores for
+    the model's thread and the pinning thread, and on the CPU 1 (the model's threads use the cores; one worker
+    overlaps tokenization and sentence splitting with the forward) where there are 2 cores or more."""
     if spec is None or spec == "auto":
         cpus = available_cpus()
+        if chars is not None and chars < SMALL_CALL_CHARS:
+            return 0
         if torch.device(device).type == "cpu":
-            return 1 if cpus >= 8 else 0
+            return 1 if cpus >= 2 else 0
         return max(1, min(MAX_AUTO_WORKERS, cpus - 2))
     if isinstance(spec, bool) or not isinstance(spec, (int, np.integer)) or spec < 0:
         raise ValueError(f"workers={spec!r} is not valid; use 'auto' or an integer >= 0 (0: tokenize in the "
@@ -300,7 +304,7 @@ def encode_texts(
     embed(CPU features) -> [B, H] embeddings on `device` (it moves the batch there). pad: (pad id, left
     padding) of the tokenizer. progress: a tqdm description, None for no bar.
     """
-    n_workers = resolve_workers(workers, device)
+    n_workers = resolve_workers(workers, device, chars=sum(map(len, texts)))
     prefetch = _check_prefetch(prefetch)
     out = np.empty((len(texts), hidden_size), dtype=np.float32)
     if not texts:
