@@ -30,7 +30,7 @@ SECTION = "encode"
 SIZES: dict[str, dict[str, Any]] = {
     "tiny": {"n_texts": 12, "min_words": 5, "max_words": 100, "max_length": 96, "batch_size": 4, "repeats": 1,
              # pipeline: max length -> texts (each filling it), batches of max_tokens tokens
-             "pipeline": {"lengths": {64: 4, 128: 2}, "max_tokens": 256, "repeats": 2}},
+             "pipeline": {"lengths": {64: 4}, "max_tokens": 256, "repeats": 2}},
     "full": {"n_texts": 128, "min_words": 10, "max_words": 600, "max_length": 256, "batch_size": 32, "repeats": 7,
              "pipeline": {"lengths": {512: 64, 8192: 4}, "max_tokens": 32768, "repeats": 5}},
 }

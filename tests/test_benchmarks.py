@@ -92,6 +92,18 @@ def test_encode_equals_sentence_transformers(report):
     assert 0 < lmk["details"]["token_overhead"] <= 1 / 32 + 1e-9 + 1 / lmk["details"]["n_texts"]
 
 
+def test_encode_pipeline_figures_against_the_forward_alone(report):
+    from benchmarks.bench_encode import PIPELINE_POOLINGS, SIZES
+
+    lengths = SIZES["tiny"]["pipeline"]["lengths"]
+    names = {f["name"] for f in report["figures"] if f["name"].startswith("pipeline_vs_forward_only_")}
+    assert len(names) == len(lengths) * len(PIPELINE_POOLINGS)
+    for name in names:
+        d = _fig(report, "encode", name)["details"]
+        assert d["end_to_end_tokens_per_s"] > 0 and d["forward_only_tokens_per_s"] > 0 and d["tokens"] > 0
+    assert _fig(report, "encode", "lmk_sentence_vs_lmk_fixed")["ratio"] > 0
+
+
 def test_max_abs_diff_rejects_shape_mismatch():
     import numpy as np
 
