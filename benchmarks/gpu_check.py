@@ -7,6 +7,8 @@ Sections (each timed, each in the report even when it fails):
                them, through the same ContrastiveModule and Lightning Trainer as `lmk.train`; step time,
                training tokens/s, peak memory next to lmk.sweep.cost's estimate.
   encode       inference tokens/s at 512 and 8192 tokens, SDPA (and flash_attention_2 when installed).
+  encode_pipeline  lmk.evaluate's encode end to end (tokenization workers, bf16 autocast, 32768-token batches) vs
+               the forward alone on the same pre-tokenized batches, tokens/s at 512 and 8192, ModernBERT-base shape.
   rehearsal    the rehearsal scale's first row (experiment=table2-rehearsal) on this GPU, one process.
 Needs no network and nothing outside the repository: every model is built from its config.
 
@@ -35,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-SECTIONS = ("train_step", "encode", "rehearsal")
+SECTIONS = ("train_step", "encode", "encode_pipeline", "rehearsal")
 DEFAULT_OUT = "outputs/gpu_check"
 
 # Paper sizes (the batch and lengths come from conf/experiment/table2-paper.yaml itself).
@@ -215,6 +217,26 @@ def check_encode(smoke: bool, work: Path) -> dict[str, Any]:
     return out
 
 
+def check_encode_pipeline(smoke: bool, work: Path) -> dict[str, Any]:
+    """Per length: end_to_end_tokens_per_s (EmbeddingModel.encode as lmk.evaluate runs it), forward_only_tokens_per_s
+    (the same batches pre-tokenized, on the device) and their ratio (goal >= 0.9); the cost estimate reads these."""
+    from benchmarks.encode_pipeline import full_texts, measure
+    from lmk.model.embedding import EmbeddingModel
+
+    cfg = paper_config(smoke, work / "encode_pipeline")
+    sizes = {64: 8, 256: 4} if smoke else {512: 512, 8192: 32}  # max length -> texts, each filling it
+    model = EmbeddingModel.build(cfg.encoder, cfg.pooling, passage_max_length=max(sizes), seed=0)
+    model.to("cpu" if smoke else "cuda").eval()
+    out: dict[str, Any] = {"model": "modernbert-base-shape", "pooling": model.pooling_cfg.label,
+                           "precision": "fp32" if smoke else "bf16", "max_tokens_per_batch": 32768}
+    for length, n in sizes.items():
+        m = measure(model, full_texts(n, int(length * 1.3) + 8, seed=length), length, 32768,
+                    repeats=1 if smoke else 3, precision=out["precision"])
+        m.pop("ratio_samples")
+        out[str(length)] = {k: round(v, 4) if isinstance(v, float) else v for k, v in m.items()}
+    return out
+
+
 def check_rehearsal(smoke: bool, work: Path) -> dict[str, Any]:
     """The rehearsal's first row through `lmk.train` on this device (one process: one GPU here)."""
     from lmk.run.results import read_results
@@ -283,7 +305,8 @@ def run(smoke: bool, sections: list[str], out: Path) -> dict[str, Any]:
         report["flash_attn_installed"] = importlib.util.find_spec("flash_attn") is not None
     work = out / "work"
     t0 = time.perf_counter()
-    fns = {"train_step": check_train_step, "encode": check_encode, "rehearsal": check_rehearsal}
+    fns = {"train_step": check_train_step, "encode": check_encode, "encode_pipeline": check_encode_pipeline,
+           "rehearsal": check_rehearsal}
     for name in sections:
         report[name] = _section(fns[name], smoke, work)
     report["total_s"] = round(time.perf_counter() - t0, 1)

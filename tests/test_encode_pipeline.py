@@ -214,3 +214,19 @@ def test_workers_setting_resolves_and_is_validated():
         EvalConfig.from_cfg({"workers": "many"})
     with pytest.raises(EvalConfigError, match=r"eval.prefetch=0: must be a positive integer"):
         EvalConfig.from_cfg({"prefetch": 0})
+
+
+@pytest.mark.slow
+def test_gpu_check_encode_pipeline_section_cpu_smoke(tmp_path):
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from benchmarks import gpu_check
+
+    report = gpu_check.run(True, ["encode_pipeline"], tmp_path)
+    section = report["encode_pipeline"]
+    assert section["status"] == "ok", section
+    for length in ("64", "256"):  # the CUDA run reports "512" and "8192" with the same keys
+        figures = section[length]
+        assert figures["end_to_end_tokens_per_s"] > 0 and figures["forward_only_tokens_per_s"] > 0
+        assert figures["ratio"] > 0
