@@ -113,6 +113,18 @@ def test_batches_padded_from_rows_equal_the_tokenizer_on_the_batch(minilm_tokeni
             assert got[k].dtype == want[k].dtype and torch.equal(got[k], want[k]), (k, idx)
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("workers", [0, 2])
+def test_batches_of_full_texts_sent_while_tokenizing_match_the_plan(base, monkeypatch, workers):
+    from lmk.model import pipeline
+
+    monkeypatch.setattr(pipeline, "WINDOW", 3)  # many windows: texts at the budget go out before the last one
+    texts = [TEXTS[i % len(TEXTS)] + " more words" * (40 * (i % 3 == 0)) for i in range(20)]
+    assert (base.token_lengths(texts, max_length=BUDGET) >= BUDGET).sum() >= 5
+    got = base.encode(texts, max_length=BUDGET, max_tokens_per_batch=2 * BUDGET, workers=workers)
+    assert np.array_equal(got, _unpipelined(base, texts, 3, 2 * BUDGET))
+
+
 class _Counting(LandmarkTokenizer):
     """Counts the texts it tokenizes (in this process: workers=0)."""
 

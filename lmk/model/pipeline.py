@@ -3,9 +3,11 @@ on the tokenizer where it can be helped.
 
 - Each text is tokenized once per call. Fixed batches (`batch_size` rows, sorted by character length) are known
   before any tokenization, so each batch is tokenized as a whole while the model runs the previous ones.
-  Token-budget batches need every length first: windows of texts are tokenized into unpadded rows (the lengths
-  come from that pass), the batches are planned from them, and each batch is padded from its rows (exactly the
-  tensors the tokenizer gives for those texts together: rows never depend on each other).
+  Token-budget batches are planned from token lengths: windows of texts are tokenized into unpadded rows (the
+  lengths come from that pass) and each batch is padded from its rows (exactly the tensors the tokenizer gives
+  for those texts together: rows never depend on each other). Texts that reach the max length lead the plan in
+  input order, so their batches go to the model while later windows are still tokenized; the rest follow once
+  every length is known.
 - `workers` processes (a torch DataLoader, forked so the tokenizer is inherited, one torch thread each) do the
   tokenization and landmark insertion, the pure-Python sentence splitter included, and keep `prefetch` results
   each ready; 0 does everything in the calling thread (debugging). On CUDA the batches are pinned and copied
@@ -188,13 +190,6 @@ class _Items:
                             multiprocessing_context="fork" if fork else None)
         self.it = self.source = iter(loader)
 
-    @classmethod
-    def here(cls, source: Iterator[Features]) -> _Items:
-        """Items made in this thread by `source` (the padded batches of stored rows)."""
-        items = cls.__new__(cls)
-        items.tasks, items.it, items.source = None, None, source
-        return items
-
     def __iter__(self) -> Iterator[dict[str, Any]]:
         for item in self.source:
             if "error" in item:
@@ -202,7 +197,7 @@ class _Items:
             yield item
 
     def explain(self, exc: RuntimeError) -> EncodeError | None:
-        if self.tasks is None or self.tasks.owner is None or "DataLoader worker" not in str(exc):
+        if self.tasks.owner is None or "DataLoader worker" not in str(exc):
             return None
         owners = self.tasks.owner.tolist()
         dead = {p for p in set(owners) if p > 0 and _exited(p)}
@@ -272,15 +267,49 @@ class _Gather:
         self.out[idx] = arr
 
 
-def _row_store(tokenize: Callable[[list[str]], Features], texts: list[str], workers: int, prefetch: int
-               ) -> dict[str, np.ndarray]:
-    """Every text tokenized once, in windows, into flat unpadded rows with their lengths and offsets."""
-    windows = [np.arange(s, min(s + WINDOW, len(texts))) for s in range(0, len(texts), WINDOW)]
-    with _running(_Items(_Tasks(tokenize, texts, windows, as_rows=True), workers, prefetch, False)) as items:
-        parts = list(items)
-    rows = {k: torch.cat([p[k] for p in parts]).numpy() for k in ("ids", "pool", "lengths")}
-    rows["offsets"] = np.cumsum(rows["lengths"]) - rows["lengths"]
-    return rows
+class _Rows:
+    """Unpadded rows as the windows arrive (text i is row i - WINDOW * (i // WINDOW) of window i // WINDOW)."""
+
+    def __init__(self) -> None:
+        self.parts: list[dict[str, np.ndarray]] = []
+
+    def add(self, part: Features) -> np.ndarray:
+        """Store one window; returns its texts' lengths."""
+        rows = {k: v.numpy() for k, v in part.items()}
+        rows["offsets"] = np.cumsum(rows["lengths"]) - rows["lengths"]
+        self.parts.append(rows)
+        return rows["lengths"]
+
+    def take(self, idx: np.ndarray) -> dict[str, np.ndarray]:
+        """The rows of texts `idx`, as a flat store of their own (row k = text idx[k])."""
+        picked = [(self.parts[i // WINDOW], i % WINDOW) for i in idx.tolist()]
+        lengths = np.array([p["lengths"][j] for p, j in picked], dtype=np.int64)
+        spans = [slice(p["offsets"][j], p["offsets"][j] + p["lengths"][j]) for p, j in picked]
+        return {"ids": np.concatenate([p["ids"][s] for (p, _), s in zip(picked, spans, strict=True)]),
+                "pool": np.concatenate([p["pool"][s] for (p, _), s in zip(picked, spans, strict=True)]),
+                "lengths": lengths, "offsets": np.cumsum(lengths) - lengths}
+
+
+def _budget_batches(items: _Items, budget: int, max_tokens: int, pad: tuple[int, bool]
+                    ) -> Iterator[tuple[np.ndarray, Features]]:
+    """Token-budget batches from windows of rows. The plan sorts longest first and no text exceeds `budget`, so
+    texts that reach it lead the plan in input order, `max_tokens // budget` to a batch: those batches go to the
+    model while later windows are still being tokenized; the rest follow once every length is known."""
+    store, capped, lengths = _Rows(), [], []
+    per_batch, streamed = max(1, max_tokens // budget), []
+    for part in items:
+        start = sum(map(len, lengths))
+        lengths.append(store.add(part))
+        capped.extend((start + np.flatnonzero(lengths[-1] >= budget)).tolist())
+        while len(capped) >= (len(streamed) + 1) * per_batch:
+            idx = np.array(capped[len(streamed) * per_batch : (len(streamed) + 1) * per_batch])
+            streamed.append(idx)
+            yield idx, collate(store.take(idx), np.arange(len(idx)), *pad)
+    plan = token_budget_batches(np.concatenate(lengths), max_tokens)
+    if any(not np.array_equal(a, b) for a, b in zip(plan, streamed, strict=False)):
+        raise RuntimeError("lmk.model.pipeline: batches sent early differ from the plan; report this bug")
+    for idx in plan[len(streamed):]:
+        yield idx, collate(store.take(idx), np.arange(len(idx)), *pad)
 
 
 def encode_texts(
@@ -314,19 +343,22 @@ def encode_texts(
         # character length is a cheap proxy for token count: the batches are known before any tokenization
         plan = fixed_batches([len(t) for t in texts], batch_size)
         items = _Items(_Tasks(tokenize, texts, plan, as_rows=False), n_workers, prefetch, pin)
+        batches: Iterator[tuple[np.ndarray, Features]] = zip(plan, items, strict=True)
     else:
-        rows = _row_store(tokenize, texts, n_workers, prefetch)
-        plan = token_budget_batches(rows["lengths"], max_tokens_per_batch)
-        items = _Items.here(collate(rows, idx, *pad) for idx in plan)
+        windows = [np.arange(s, min(s + WINDOW, len(texts))) for s in range(0, len(texts), WINDOW)]
+        items = _Items(_Tasks(tokenize, texts, windows, as_rows=True), n_workers, prefetch, False)
+        batches = _budget_batches(items, budget, max_tokens_per_batch, pad)
     gather, truncated = _Gather(out, device), 0
+    bar = tqdm(total=len(texts), desc=progress, unit="text") if progress is not None else None
     with _running(items):
-        batches: Any = zip(plan, items, strict=True)
-        if progress is not None:
-            batches = tqdm(batches, total=len(plan), desc=progress, unit="batch")
         for idx, feats in batches:
             truncated += int((feats["attention_mask"].sum(dim=1) >= budget).sum())
             if pin and not feats["input_ids"].is_pinned():
                 feats = {k: v.pin_memory() for k, v in feats.items()}
             gather.add(idx, embed(feats))
+            if bar is not None:
+                bar.update(len(idx))
         gather.close()
+    if bar is not None:
+        bar.close()
     return out, truncated
