@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
+import sys
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -165,6 +166,8 @@ def _worker_init(_: int) -> None:
 
 
 def _exited(pid: int) -> bool:
+    if not hasattr(os, "waitid"):  # macOS: the error then names no texts
+        return False
     try:  # WNOWAIT: look without reaping (the DataLoader reaps its own workers)
         return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
     except ChildProcessError:
@@ -184,7 +187,8 @@ class _Items:
         # forked workers inherit a tokenizer whose Rust threads may have run: keep them from starting new ones
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         tasks.owner = torch.zeros(len(tasks), dtype=torch.int64).share_memory_()
-        fork = "fork" in multiprocessing.get_all_start_methods()
+        # fork on Linux (cheap, nothing pickled); elsewhere the platform's default (macOS: fork is unsafe there)
+        fork = sys.platform.startswith("linux") and "fork" in multiprocessing.get_all_start_methods()
         loader = DataLoader(tasks, batch_size=None, shuffle=False, num_workers=min(workers, len(tasks)),
                             collate_fn=_keep, pin_memory=pin, prefetch_factor=prefetch, worker_init_fn=_worker_init,
                             multiprocessing_context="fork" if fork else None)
