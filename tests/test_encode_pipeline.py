@@ -93,7 +93,7 @@ def test_embeddings_bitwise_equal_unpipelined_workers_on_and_off(base, pooler, s
                                "chunk_size": 8})
     for max_tokens in (None, MAX_TOKENS):
         want = _unpipelined(model, TEXTS, 3, max_tokens)
-        for workers in (0, 2):
+        for workers in (0, 1):  # 1 worker is the forked path (more only multiply it)
             got = model.encode(TEXTS, batch_size=3, max_length=BUDGET, max_tokens_per_batch=max_tokens,
                                workers=workers)
             assert np.array_equal(got, want), (max_tokens, workers)
