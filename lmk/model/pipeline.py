@@ -65,13 +65,13 @@ def available_cpus() -> int:
 
 def resolve_workers(spec: Any, device: torch.device | str, chars: int | None = None) -> int:
     """`workers` -> a count. auto: none for a call whose texts total under SMALL_CALL_CHARS characters (forking
-    costs about what tokenizing them does); else, beside an accelerator, up to 8 processes keeping 2 cores for
+    costs about what tokenizing them does) or inside a daemonic process; else, beside an accelerator, up to 8 processes keeping 2 cores for
     the model's thread and the pinning thread, and on the CPU 1 (the model's threads use the cores; one worker
     overlaps tokenization and sentence splitting with the forward) where there are 2 cores or more."""
     if spec is None or spec == "auto":
         cpus = available_cpus()
-        if chars is not None and chars < SMALL_CALL_CHARS:
-            return 0
+        if (chars is not None and chars < SMALL_CALL_CHARS) or multiprocessing.current_process().daemon:
+            return 0  # a daemonic process (a pool's worker) may not start processes of its own
         if torch.device(device).type == "cpu":
             return 1 if cpus >= 2 else 0
         return max(1, min(MAX_AUTO_WORKERS, cpus - 2))
