@@ -180,6 +180,9 @@ def test_config_hash_follows_values_interpolated_from_the_launcher() -> None:
     assert digest("launcher.partition=other") == base
     assert digest("launcher.nodes=4") != base
     assert digest("launcher.gpus_per_node=2") != base
+    # How encode batches are built does not change the embeddings (bitwise); what is evaluated does.
+    assert digest("eval.workers=0", "eval.prefetch=7") == base
+    assert digest("eval.batch_size=7") != base
 
 
 @pytest.mark.slow  # four tiny trainings with evaluation: about 90 s on 2 busy cores

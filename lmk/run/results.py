@@ -106,7 +106,9 @@ HASH_LOCATION_KEYS = ("hydra", "run_dir", "ckpt_path", "paths", "cache_dir")
 # Keys that say where or how a run is stored/logged, not what it computes: two runs that differ only
 # in these produce the same numbers, so they share a config hash. (A value interpolated *from* the
 # launcher, e.g. trainer.num_nodes, does change the global batch, so it is resolved and hashed.)
-HASH_IGNORED_KEYS = (*HASH_LOCATION_KEYS, "logger", "launcher", "hub", "overwrite")  # hub: where repos are read from
+HASH_IGNORED_KEYS = (*HASH_LOCATION_KEYS, "logger", "launcher", "hub", "overwrite",  # hub: where repos are read from
+                     # how encode batches are built: the embeddings are bitwise equal for any value
+                     "eval.workers", "eval.prefetch")
 # The status a finished run records; the sweeper skips rows whose results say this.
 STATUS_DONE = "done"
 
@@ -114,27 +116,26 @@ STATUS_DONE = "done"
 def config_hash_of(cfg: Any, ignore: tuple[str, ...] = HASH_IGNORED_KEYS) -> str:
     """The config hash of a composed Hydra/OmegaConf config, equal inside and outside a Hydra job.
 
-    Top-level keys in `ignore` are dropped. Interpolations are resolved, except those that point at
-    Hydra's runtime or a location key (HASH_LOCATION_KEYS: kept verbatim), so the sweeper (which
-    composes outside the job) and the job itself compute the same hash.
+    Keys in `ignore` (top-level names, or dotted paths into a section) are dropped. Interpolations are
+    resolved, except those that point at Hydra's runtime or a location key (HASH_LOCATION_KEYS: kept
+    verbatim), so the sweeper (which composes outside the job) and the job itself compute the same hash.
     """
-    def leaf(node: Any, key: Any) -> Any:
+    def walk(node: Any, prefix: str = "") -> Any:
+        if isinstance(node, DictConfig):
+            return {str(k): leaf(node, k, f"{prefix}{k}.") for k in node.keys() if f"{prefix}{k}" not in ignore}
+        if isinstance(node, ListConfig):
+            return [leaf(node, i, prefix) for i in range(len(node))]
+        return node
+
+    def leaf(node: Any, key: Any, prefix: str) -> Any:
         raw = node._get_node(key)._value() if hasattr(node, "_get_node") else node[key]
         if isinstance(raw, str) and "${" in raw and any(k in raw for k in HASH_LOCATION_KEYS):
             return raw
         value = node[key]
         if isinstance(value, (DictConfig, ListConfig)):
-            return walk(value)
+            return walk(value, prefix)
         return value
-
-    def walk(node: Any) -> Any:
-        if isinstance(node, DictConfig):
-            return {str(k): leaf(node, k) for k in node.keys()}
-        if isinstance(node, ListConfig):
-            return [leaf(node, i) for i in range(len(node))]
-        return node
 
     if not isinstance(cfg, DictConfig):
         cfg = OmegaConf.create(cfg)
-    plain = {str(k): leaf(cfg, k) for k in cfg.keys() if str(k) not in ignore}
-    return config_hash(plain)
+    return config_hash(walk(cfg))
