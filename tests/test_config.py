@@ -141,3 +141,19 @@ def test_in_training_eval_under_ddp_is_refused_naming_the_eval_stage():
     assert validate(_compose("trainer=ddp-multinode", "launcher=submitit_slurm", "eval=beir15",
                              "eval.in_training=none")).eval is not None
     assert validate(_compose("eval=local")).eval is not None
+
+
+def test_wandb_init_timeout_is_wandbs_own_and_offline_never_waits(monkeypatch):
+    """Issue 20 item 13: 5 s sent runs offline on a slow cluster network; W&B's own default is 90 s."""
+    import wandb
+
+    from lmk.run.loggers import resolve_wandb_mode
+
+    default = wandb.Settings().init_timeout
+    assert validate(_compose("logger=wandb")).logger.init_timeout == default >= 60
+    assert validate(_compose("logger=csv")).logger.init_timeout == default  # the schema's default too
+    # without credentials (or network) a run is offline from the start: the timeout never applies
+    for key in ("WANDB_API_KEY", "WANDB_MODE"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("NETRC", "/nonexistent")
+    assert resolve_wandb_mode("auto") == "offline"

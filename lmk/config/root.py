@@ -129,7 +129,9 @@ class LoggerSection:
     notes: str | None = None
     mode: Literal["auto", "online", "offline", "disabled"] = "auto"  # auto: offline without credentials
     log_model: bool = False
-    init_timeout: float = 5.0  # seconds W&B may take to reach its server before the run goes offline
+    # Seconds W&B may take to reach its server before the run goes offline: W&B's own default. A busy cluster
+    # network can take tens of seconds; where the nodes have no network, WANDB_MODE=offline skips the wait.
+    init_timeout: float = 90.0
     csv: bool = True  # also write <run_dir>/metrics.csv (always on for wandb: results never only in W&B)
 
     def __post_init__(self) -> None:
