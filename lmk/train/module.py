@@ -114,6 +114,9 @@ class ContrastiveModule(pl.LightningModule):
             self.enable_gradient_checkpointing()
         self.save_hyperparameters(ignore=["model"])
         self._last_step_time: float | None = None
+        # The loss of the optimiser step in progress (summed over accumulated batches), read and reset by
+        # lmk.train.guard.NonFiniteGuard before the step.
+        self.window_loss: Tensor | None = None
         self.fit_start_step = 0  # global step when fit started (after a checkpoint restore)
 
     # ---- model helpers -------------------------------------------------------------------------
@@ -161,6 +164,7 @@ class ContrastiveModule(pl.LightningModule):
             loss = self._grad_cache_step(batch)
         else:
             loss = self.forward_loss(batch)
+            self._note_loss(loss)
         self._log_step(batch, loss)
         return None if self.grad_cache else loss * self.grad_scale
 
@@ -178,12 +182,17 @@ class ContrastiveModule(pl.LightningModule):
             chunk_size=self.grad_cache_chunk, backward=self.manual_backward,
             no_sync=no_sync or (lambda: contextlib.nullcontext()),
         )
+        self._note_loss(loss / self.grad_scale)
         if self.gradient_clip_val:
             self.clip_gradients(opt, gradient_clip_val=self.gradient_clip_val, gradient_clip_algorithm="norm")
         opt.step()
         if sched is not None:
             sched.step()
         return loss / self.grad_scale
+
+    def _note_loss(self, loss: Tensor) -> None:
+        loss = loss.detach()
+        self.window_loss = loss if self.window_loss is None else self.window_loss + loss
 
     def _log_step(self, batch: Mapping[str, Any], loss: Tensor) -> None:
         b = batch["query"]["input_ids"].shape[0]
