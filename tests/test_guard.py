@@ -4,8 +4,6 @@ the step and the batch's samples, keeping the last good checkpoint and recording
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -15,7 +13,7 @@ import torch
 from lmk.train.guard import NonFiniteError, NonFiniteGuard
 from lmk.train.module import ContrastiveModule
 from tests.test_module import build_model, loader, trainer
-from tests.test_train import ENV, ROOT, overrides, results
+from tests.test_train import ROOT, overrides, results
 
 BAD_ROW = 5
 
@@ -39,9 +37,9 @@ def _weights(ckpt: Path) -> dict[str, torch.Tensor]:
 def test_non_finite_loss_from_the_data_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path):
     """The whole path (python -m lmk.train): a teacher score that overflows float32 makes the loss NaN at the step
     that draws row 5; the run stops there, names the row, writes no later checkpoint and records the cause."""
-    from lmk.train.command import run
-
     from hydra import compose, initialize_config_dir
+
+    from lmk.train.command import run
 
     pairs = scored_pairs(tmp_path / "pairs.jsonl")
     run_dir = tmp_path / "run"
