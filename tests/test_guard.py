@@ -105,3 +105,57 @@ def test_guard_stops_before_the_step_and_never_saves_nan_weights(tmp_path, grad_
     saved = torch.load(tmp_path / "ck" / "last.ckpt", map_location="cpu", weights_only=False)
     assert saved["global_step"] == 1
     assert all(torch.isfinite(v).all() for v in saved["state_dict"].values() if v.is_floating_point())
+
+
+# ---- padded batches over sliding-window layers (issue 20 item 9) -------------------------------------------
+NAN_SDPA = "lmk_test_keyless_nan_sdpa"
+
+
+def _keyless_nan_sdpa(module, query, key, value, attention_mask, **kwargs):
+    """SDPA as CUDA's memory-efficient kernel has behaved (pytorch#110213): NaN for a query row with no valid key.
+    CPU SDPA returns 0 there, so this stands in for the GPU."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    out, weights = sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    if torch.is_tensor(attention_mask) and attention_mask.dtype == torch.bool:
+        keyless = ~attention_mask.any(dim=-1)  # [B, 1, Q]
+        out = out.masked_fill(keyless.squeeze(1)[:, :, None, None], float("nan"))  # out: [B, Q, heads, D]
+    return out, weights
+
+
+def _sliding_model():
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    from lmk.model.embedding import EmbeddingModel
+    from tests.test_module import POOLINGS, TINY
+
+    AttentionInterface.register(NAN_SDPA, _keyless_nan_sdpa)
+    AttentionMaskInterface.register(NAN_SDPA, sdpa_mask)
+    # layers: global, sliding (+-4 tokens), global: a padded position 5+ tokens past a short text has no key
+    encoder = {**TINY, "config_overrides": {**TINY["config_overrides"], "num_hidden_layers": 3,
+                                            "global_attn_every_n_layers": 2, "local_attention": 8}}
+    torch.manual_seed(0)
+    model = EmbeddingModel.build(encoder, POOLINGS["mean"], query_max_length=16, passage_max_length=48)
+    model.backbone.config._attn_implementation = NAN_SDPA
+    return model
+
+
+def test_padded_rows_without_a_key_in_a_sliding_window_stay_finite():
+    model = _sliding_model()
+    texts = ["hi", "a much longer passage about rivers, deltas, the moon and coffee beans, with many words in it"]
+    features = model.tokenize(texts, side="passage")
+    assert int(features["attention_mask"][0].sum()) + 5 < features["attention_mask"].shape[1]  # the situation
+    with torch.no_grad():
+        unguarded = model(features)
+        model.backbone.config._attn_implementation = "sdpa"  # CPU SDPA: 0 for keyless rows
+        plain = model(features)
+        model.backbone.config._attn_implementation = NAN_SDPA
+    assert not torch.isfinite(unguarded[0]).all()  # the NaN of the keyless rows reached the short text's embedding
+    ContrastiveModule(model)  # training guards the backbone's padded rows
+    out = model(features)
+    assert torch.isfinite(out).all()
+    out.sum().backward()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+    # real tokens see what they saw before: the embeddings equal CPU SDPA's
+    torch.testing.assert_close(out.detach(), plain, atol=1e-6, rtol=1e-5)

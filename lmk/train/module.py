@@ -22,6 +22,7 @@ import lightning.pytorch as pl
 import torch
 from torch import Tensor
 
+from lmk.model.long_attention import guard_padded_rows
 from lmk.train.gradcache import grad_cache_step
 from lmk.train.losses import info_nce
 
@@ -97,6 +98,8 @@ class ContrastiveModule(pl.LightningModule):
         self.model = model
         # HF from_pretrained returns eval mode; Lightning keeps each module's mode, so train (dropout) here.
         self.model.train()
+        # padded rows of sliding-window layers attend to themselves (CUDA kernels can return NaN for a keyless row)
+        guard_padded_rows(getattr(model, "backbone", None))
         self.tau, self.lr, self.weight_decay = tau, lr, weight_decay
         self.warmup_steps, self.max_steps, self.warmup_shape = warmup_steps, max_steps, warmup_shape
         # Multiplies the loss before backward only (the logged loss is unscaled). 1.0 = the gradient of the
