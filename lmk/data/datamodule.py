@@ -176,6 +176,7 @@ class PairDataModule(L.LightningDataModule):
     # ------------------------------------------------------------------------------------- setup
     def prepare_data(self) -> None:
         # Build caches (offline set, Arrow copies) once, on global rank 0, before the ranks read them.
+        log.info("prepare_data (once per job, global rank 0): %d source(s)", len(self.cfg.sources))
         if not self.cfg.streaming:
             for s in self.cfg.sources:
                 load_pairs(s, skip_bad_rows=self.cfg.skip_bad_rows, max_rows=self.cfg.max_rows, cache_dir=self.cfg.cache_dir)

@@ -183,6 +183,8 @@ def _setup(run: _Run) -> None:
         lg.log_hyperparams(run.resolved)  # resolved: no ${...} left in W&B / hparams.yaml
     run.callbacks = build_callbacks(run.typed, run.run_dir, has_logger=bool(run.loggers))
     run.trainer = build_trainer(run.typed, run.cfg, run.run_dir, run.callbacks, run.loggers)
+    t = run.trainer
+    log.info("rank %d of %d: node %d, local rank %d", t.global_rank, t.world_size, t.node_rank, t.local_rank)
 
 
 def _fit(run: _Run) -> float:

@@ -143,6 +143,9 @@ class ContrastiveModule(pl.LightningModule):
         if world == 1 or not self.gather_across_devices or not self.in_batch_negatives:
             return p, 0
         gathered = self.all_gather(p, sync_grads=True)  # [W, N, d]; needs equal N on every rank
+        if self._trainer is not None and self.global_step == self.fit_start_step:
+            log.info("rank %d scores its queries against %d passages gathered from %d ranks", self.global_rank,
+                     gathered.shape[0] * gathered.shape[1], gathered.shape[0])
         return gathered.reshape(-1, p.shape[-1]), self.global_rank * p.shape[0]
 
     def compute_loss(self, q: Tensor, p: Tensor, teacher_scores: Tensor | None = None) -> Tensor:
