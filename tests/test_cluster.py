@@ -95,3 +95,25 @@ def test_two_nodes_two_ranks_rehearsed_through_slurm_variables(tmp_path):
     assert res["status"] == "done" and res["metrics"]["global_step"] == 2
     assert [s for s, _ in losses(run_dir)] == [0, 1]  # metrics.csv written once (rank 0), each step once
     assert (run_dir / "checkpoints" / "last.ckpt").exists() and not (run_dir / "run.lock").exists()
+
+
+@pytest.mark.parametrize(("node", "builds"), [(0, True), (1, False)])
+def test_prepare_data_runs_once_per_job_not_once_per_node(monkeypatch, tmp_path, node, builds):
+    """Issue 20 item 14: local rank 0 of node 1 built the same Arrow copy as node 0 on a shared cache."""
+    import lightning.pytorch as pl
+
+    from lmk.data.datamodule import PairDataModule
+    from lmk.run.cluster import slurm_task_env
+    from tests.test_train import write_pairs
+
+    for key in ("MASTER_ADDR", "SUBMITIT_EXECUTOR", "SUBMITIT_LOCAL_JOB_ID"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in slurm_task_env(node=node, local=0, nodes=2, tasks_per_node=2, job_id="9", port=29500).items():
+        monkeypatch.setenv(key, value)
+    trainer = pl.Trainer(accelerator="cpu", devices=2, num_nodes=2, strategy="ddp", logger=False)
+    assert (trainer.node_rank, trainer.local_rank) == (node, 0)
+    cache = tmp_path / "cache"
+    dm = PairDataModule(sources=[{"path": str(write_pairs(tmp_path / "pairs.jsonl"))}], cache_dir=str(cache))
+    trainer._data_connector.attach_data(pl.LightningModule(), datamodule=dm)
+    trainer._data_connector.prepare_data()
+    assert (cache.exists() and any(cache.rglob("*.arrow"))) == builds
