@@ -4,6 +4,8 @@ the step and the batch's samples, keeping the last good checkpoint and recording
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -13,7 +15,7 @@ import torch
 from lmk.train.guard import NonFiniteError, NonFiniteGuard
 from lmk.train.module import ContrastiveModule
 from tests.test_module import build_model, loader, trainer
-from tests.test_train import ROOT, overrides, results
+from tests.test_train import ENV, ROOT, overrides, results
 
 BAD_ROW = 5
 
@@ -159,3 +161,22 @@ def test_padded_rows_without_a_key_in_a_sliding_window_stay_finite():
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
     # real tokens see what they saw before: the embeddings equal CPU SDPA's
     torch.testing.assert_close(out.detach(), plain, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.slow  # two training processes: about a minute on 2 busy cores
+def test_nan_on_one_rank_stops_every_rank_at_the_same_step(tmp_path):
+    """Under DDP the bad row lands on one rank; the ranks agree through one all-reduce, so both stop at that step
+    (neither waits for the other at the next collective) and rank 0 records the bad rank and row."""
+    pairs = scored_pairs(tmp_path / "pairs.jsonl")
+    run_dir = tmp_path / "ddp"
+    cmd = [sys.executable, "-m", "lmk.train", *overrides(
+        run_dir, pairs, "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "trainer.precision=32-true",
+        "trainer.deterministic=true", "trainer.max_steps=6", "data.batch_size=2", "data.group_size=2")]
+    proc = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=900)
+    assert proc.returncode != 0
+    res = results(run_dir)
+    cause = res["non_finite"]
+    assert res["status"] == "failed" and cause["what"] == "loss" and len(cause["ranks"]) == 1
+    assert [k for k in cause["sample_keys"] if k.startswith(f"pairs.jsonl:row {BAD_ROW} ")]
+    assert set(cause["values"]) == {"0", "1"}  # both ranks reached the check of the same step
+    assert f"non-finite loss at step {cause['step']} " in proc.stderr
