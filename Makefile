@@ -10,7 +10,7 @@ OUT    ?= outputs
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: install test test-slow test-all lint reproduce-table2 table2 prefetch replicas notebooks bench gpu-check clean help
+.PHONY: install test test-slow test-all lint reproduce-table2 table2 prefetch replicas notebooks bench gpu-check rehearse-nodes clean help
 
 help:
 	@echo "make reproduce-table2 [SCALE=mini|rehearsal|paper|tiny] [FORCE=1]  sweep + table"
@@ -19,6 +19,7 @@ help:
 	@echo "make replicas MIRROR=dir         offline replicas of the paper's eval datasets (hub layout)"
 	@echo "make test | test-slow | lint     tests (fast / slow) and ruff"
 	@echo "make notebooks | bench           execute notebooks / run benchmarks"
+	@echo "make rehearse-nodes [NODES=2]    one rehearsal row as a multi-node SLURM job on this machine"
 	@echo "make gpu-check                   paper-shaped step + encode tokens/s + rehearsal row on a GPU (JSON)"
 
 install: $(STAMP)
@@ -67,6 +68,13 @@ bench: install
 # One JSON report (and $(OUT)/gpu_check/gpu_check.json, read by the cost estimate); skips without CUDA.
 gpu-check: install
 	$(PY) -m benchmarks.gpu_check --out $(OUT)/gpu_check
+
+# One rehearsal row as a 2-node x 2-rank SLURM job on this machine (README, "Running at paper scale", step 0).
+NODES ?= 2
+rehearse-nodes: install
+	WANDB_MODE=$${WANDB_MODE:-offline} $(PY) -m lmk.run.cluster --nodes $(NODES) --tasks-per-node 2 -- $(PY) -m lmk.train \
+	  experiment=table2-rehearsal launcher.nodes=$(NODES) pooling=cls ++row=cls overwrite=true \
+	  hydra.run.dir=$(OUT)/rehearsal-nodes/cls
 
 clean:
 	rm -rf $(OUT) multirun .pytest_cache

@@ -118,3 +118,42 @@ def test_one_seed_derives_every_part_unless_a_part_sets_its_own():
     pinned = derive_seeds(_compose("experiment=tiny", "seed=7", "data.seed=3"))
     assert pinned.data.seed == 3 and pinned.encoder.seed == 7
     validate(cfg)  # null per-part seeds are valid
+
+
+def test_half_precision_weights_are_refused_for_training():
+    """Issue 20 item 10: bf16 weights without an fp32 master copy lose most AdamW updates; bf16-mixed is named."""
+    for override, key in (("trainer.precision=bf16-true", "trainer.precision=bf16-true"),
+                          ("trainer.precision=16-true", "trainer.precision=16-true"),
+                          ("encoder.dtype=bfloat16", "encoder.dtype=bfloat16")):
+        with pytest.raises(ConfigError, match=rf"{key}.*master copy.*; use trainer.precision=bf16-mixed"):
+            validate(_compose(override))
+    assert validate(_compose("trainer.precision=bf16-mixed")).trainer.precision == "bf16-mixed"
+
+
+def test_in_training_eval_under_ddp_is_refused_naming_the_eval_stage():
+    """Issue 20 item 8: rank 0 would run the suite while the other ranks wait at a 30-minute barrier."""
+    multi = [("trainer=ddp", "eval=beir15"), ("trainer=ddp-multinode", "launcher=submitit_slurm", "eval=local"),
+             ("trainer=ddp-cpu", "eval=local", "launcher=submitit_local")]
+    for overrides in multi:
+        with pytest.raises(ConfigError, match=r"wait at a barrier.*eval.in_training=none.*--stage eval"):
+            validate(_compose(*overrides))
+    # the paper's way (the eval stage evaluates), and one device evaluating in training, both validate
+    assert validate(_compose("trainer=ddp-multinode", "launcher=submitit_slurm", "eval=beir15",
+                             "eval.in_training=none")).eval is not None
+    assert validate(_compose("eval=local")).eval is not None
+
+
+def test_wandb_init_timeout_is_wandbs_own_and_offline_never_waits(monkeypatch):
+    """Issue 20 item 13: 5 s sent runs offline on a slow cluster network; W&B's own default is 90 s."""
+    import wandb
+
+    from lmk.run.loggers import resolve_wandb_mode
+
+    default = wandb.Settings().init_timeout
+    assert validate(_compose("logger=wandb")).logger.init_timeout == default >= 60
+    assert validate(_compose("logger=csv")).logger.init_timeout == default  # the schema's default too
+    # without credentials (or network) a run is offline from the start: the timeout never applies
+    for key in ("WANDB_API_KEY", "WANDB_MODE"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("NETRC", "/nonexistent")
+    assert resolve_wandb_mode("auto") == "offline"

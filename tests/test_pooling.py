@@ -182,3 +182,21 @@ def test_bad_input():
         build_pooler("mean")(torch.randn(3, H), torch.ones(3))
     with pytest.raises(ValueError, match="built for hidden_size 8"):
         make("latent_attention")(torch.randn(1, 2, 4), torch.ones(1, 2))
+
+
+@pytest.mark.parametrize("name", sorted(POOLERS))
+def test_pooling_is_fp32_under_bf16_autocast_and_never_reads_padding(name, batch):
+    """Lightning's bf16-mixed autocast covers the training step: pooling must still run in float32 (issue 20,
+    item 12), and a non-finite value at a padded position (a padded row that attended to no key) is never read."""
+    x, mask, pool = batch
+    p = make(name)
+    with torch.no_grad():
+        out = p(x, mask, pool)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            auto = p(x, mask, pool)
+        poisoned = x.clone()
+        poisoned[~mask.bool()] = float("nan")
+        padded_nan = p(poisoned, mask, pool)
+    assert auto.dtype == torch.float32 and torch.allclose(auto, out, atol=1e-6, rtol=0)
+    assert torch.isfinite(padded_nan).all() and torch.allclose(padded_nan, out, atol=1e-6)
+

@@ -129,7 +129,9 @@ class LoggerSection:
     notes: str | None = None
     mode: Literal["auto", "online", "offline", "disabled"] = "auto"  # auto: offline without credentials
     log_model: bool = False
-    init_timeout: float = 5.0  # seconds W&B may take to reach its server before the run goes offline
+    # Seconds W&B may take to reach its server before the run goes offline: W&B's own default. A busy cluster
+    # network can take tens of seconds; where the nodes have no network, WANDB_MODE=offline skips the wait.
+    init_timeout: float = 90.0
     csv: bool = True  # also write <run_dir>/metrics.csv (always on for wandb: results never only in W&B)
 
     def __post_init__(self) -> None:
@@ -295,6 +297,55 @@ def _cross_checks(root: RootConfig) -> None:
         raise ConfigError("train.grad_cache=true with trainer.accumulate_grad_batches>1: grad cache already "
                           "reaches large batches; set trainer.accumulate_grad_batches=1")
     _check_monitor(root.train.monitor, root.eval)
+    _check_half_weights(root)
+    _check_eval_under_ddp(root)
+
+
+# Half-precision weights without a float32 master copy: AdamW's update (lr 2e-5 x ~1) is below half an ulp of most
+# bf16 weights, so it rounds away (in a check, 20% of the weights changed at all after 10 steps).
+HALF_TRUE = ("16-true", "bf16-true")
+HALF_DTYPES = ("bfloat16", "float16")
+
+
+def _check_half_weights(root: RootConfig) -> None:
+    fix = ("use trainer.precision=bf16-mixed with encoder.dtype=float32 (float32 weights, bf16 compute); to fit a "
+           "large batch add train.grad_cache=true")
+    if str(root.trainer.precision) in HALF_TRUE:
+        raise ConfigError(f"trainer.precision={root.trainer.precision} trains half-precision weights without a "
+                          f"float32 master copy, so most AdamW updates round away; {fix}")
+    dtype = get_key(root.encoder, "dtype", "float32")
+    if dtype in HALF_DTYPES:
+        raise ConfigError(f"encoder.dtype={dtype} trains {dtype} weights without a float32 master copy, so most "
+                          f"AdamW updates round away (it is for evaluation: lmk.evaluate); {fix}")
+
+
+def processes(root: RootConfig) -> int | None:
+    """Training processes (ranks) of a run: devices per node x nodes; None when `trainer.devices` is auto under a
+    distributed strategy (unknown before the job runs)."""
+    devices = _devices(root.trainer.devices)
+    if devices is None:
+        return None if "ddp" in str(root.trainer.strategy) or root.trainer.num_nodes > 1 else 1
+    return devices * root.trainer.num_nodes
+
+
+def _check_eval_under_ddp(root: RootConfig) -> None:
+    """In-training evaluation runs on rank 0 while every other rank waits at a barrier under the process group's
+    30-minute timeout: a paper suite there times the run out. Multi-process runs evaluate in the eval stage."""
+    if root.eval is None:
+        return
+    view = root.eval.training_view()
+    if not view.enabled or (view.every_n_steps is None and not view.at_fit_end):
+        return
+    ranks = processes(root)
+    if ranks == 1:
+        return
+    what = "an unknown number of" if ranks is None else f"{ranks}"
+    raise ConfigError(
+        f"eval={root.eval.name} evaluates during training on rank 0 while the other ranks of {what} training "
+        f"processes (trainer.devices={root.trainer.devices} x trainer.num_nodes={root.trainer.num_nodes}) wait at "
+        "a barrier with a 30-minute timeout; set eval.in_training=none and evaluate the run in the eval stage "
+        "(python -m lmk.sweep <spec> --stage eval, or python -m lmk.evaluate model=<run dir>), or train on one "
+        "device (trainer.devices=1)")
 
 
 def _check_monitor(monitor: str, eval_cfg: Any) -> None:

@@ -77,6 +77,8 @@ class PairCollator:
             "query": self._tokenize(queries, self.query_max_length),
             "passage": self._tokenize(passages, self.passage_max_length),
         }
+        if all("key" in e for e in examples):
+            batch["keys"] = [tuple(e["key"]) for e in examples]  # named by the non-finite guard (lmk.train.guard)
         if all(e.get("scores") is not None for e in examples):
             batch["teacher_scores"] = torch.tensor([list(e["scores"]) for e in examples], dtype=torch.float32)
         return batch
@@ -108,6 +110,10 @@ class PairDataModule(L.LightningDataModule):
         rank: int | None = None,
     ) -> None:
         super().__init__()
+        # One prepare_data per run (global rank 0), not one per node: on a shared cache five nodes would build the
+        # same Arrow copy at once, and a file lock cannot be trusted across nodes everywhere (Lustre mounted with
+        # localflock). A node-local cache is built in setup() by that node's ranks, which lock within the node.
+        self.prepare_data_per_node = False
         self.cfg = DataConfig(
             sources=[{"path": "local"}] if sources is None else sources,
             group_size=group_size,
@@ -169,7 +175,8 @@ class PairDataModule(L.LightningDataModule):
 
     # ------------------------------------------------------------------------------------- setup
     def prepare_data(self) -> None:
-        # Build caches (offline set, Arrow copies) once per node before the ranks read them.
+        # Build caches (offline set, Arrow copies) once, on global rank 0, before the ranks read them.
+        log.info("prepare_data (once per job, global rank 0): %d source(s)", len(self.cfg.sources))
         if not self.cfg.streaming:
             for s in self.cfg.sources:
                 load_pairs(s, skip_bad_rows=self.cfg.skip_bad_rows, max_rows=self.cfg.max_rows, cache_dir=self.cfg.cache_dir)
@@ -242,6 +249,18 @@ class PairDataModule(L.LightningDataModule):
                 "lower batch_size, add data or set drop_last: false"
             )
         return DataLoader(self.train_set, sampler=sampler, **common)
+
+    def describe_keys(self, keys: Sequence[Sequence[int]]) -> list[str]:
+        """Sample keys as `<source>:row <n> (key ...)` where the map-style view can locate them (else the key)."""
+        out = []
+        for key in keys:
+            key = tuple(int(k) for k in key)
+            if isinstance(self.train_set, PairDataset) and len(key) >= 3:
+                src, row = self.train_set.locate(key[2])  # (seed, epoch, global index, [repeat])
+                out.append(f"{self.cfg.sources[src].name}:row {row} (key {key})")
+            else:
+                out.append(f"key {key}")
+        return out
 
     @property
     def report(self) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """Lightning callback: the eval suite during training (every N steps) and at the end of fit.
 
-Rank 0 evaluates (the other ranks wait at a barrier); the model is put in eval mode and its train
-mode restored. It evaluates where it trains: on the trainer's device (never moved, so training goes
+Rank 0 evaluates (the other ranks would wait at a barrier under the process group's 30-minute timeout, so
+`python -m lmk.train` refuses in-training evaluation of a multi-process run at validation: the sweep's eval stage
+evaluates those); the model is put in eval mode and its train mode restored. It evaluates where it trains: on the trainer's device (never moved, so training goes
 on where it was), under an autocast of `eval.precision` (auto: bf16 on GPUs, fp32 on CPU), since
 Lightning's own autocast covers only the training step. Every score goes to the trainer's loggers (eval/<task>, eval/<task>/<split>,
 eval/group/<group>: one W&B panel per task and per length) and into the run's results.json

@@ -267,7 +267,7 @@ def _build_wandb(logger_cfg: Any, run_dir: Path, cfg: Any, resume: bool = False)
         # An unreachable server would stall init for ~100 s: bound it, then fall back to offline below.
         # quiet: wandb's "logged in as" banner asks the server for the user name with its own, unbounded
         # retries (10 s more when it is down); the run URL is logged here instead.
-        "settings": wandb.Settings(init_timeout=float(_get(logger_cfg, "init_timeout", 5.0)), quiet=True),
+        "settings": wandb.Settings(init_timeout=float(_get(logger_cfg, "init_timeout", 90.0)), quiet=True),
     }
     if mode is not None:
         kwargs["mode"] = mode

@@ -36,6 +36,7 @@ from lmk.run.loggers import (
     wandb_info,
 )
 from lmk.run.results import Timer, config_hash_of, git_commit, update_results
+from lmk.train.guard import NonFiniteError, NonFiniteGuard
 from lmk.train.module import ContrastiveModule
 from lmk.train.resume import ExactResume, start_fresh
 
@@ -94,7 +95,8 @@ def build_module(typed: RootConfig, model: Any) -> ContrastiveModule:
 
 
 def build_callbacks(typed: RootConfig, run_dir: Path, has_logger: bool) -> list[Any]:
-    """ModelCheckpoint first (the run reads it back), ExactResume, then the LR monitor and eval callback."""
+    """ModelCheckpoint first (the run reads it back), ExactResume, the non-finite guard, then the LR monitor and
+    eval callback."""
     t = typed.train
     every = t.checkpoint_every_n_steps or max(typed.trainer.max_steps, 1)
     callbacks: list[Any] = [
@@ -103,6 +105,7 @@ def build_callbacks(typed: RootConfig, run_dir: Path, has_logger: bool) -> list[
             save_top_k=1, save_last=True, every_n_train_steps=every, auto_insert_metric_name=False,
         ),
         ExactResume(run_dir),
+        NonFiniteGuard(),
     ]
     if has_logger:
         callbacks.append(LearningRateMonitor(logging_interval="step"))
@@ -180,6 +183,8 @@ def _setup(run: _Run) -> None:
         lg.log_hyperparams(run.resolved)  # resolved: no ${...} left in W&B / hparams.yaml
     run.callbacks = build_callbacks(run.typed, run.run_dir, has_logger=bool(run.loggers))
     run.trainer = build_trainer(run.typed, run.cfg, run.run_dir, run.callbacks, run.loggers)
+    t = run.trainer
+    log.info("rank %d of %d: node %d, local rank %d", t.global_rank, t.world_size, t.node_rank, t.local_rank)
 
 
 def _fit(run: _Run) -> float:
@@ -216,6 +221,17 @@ def _finish(run: _Run, fit_s: float, metrics: dict[str, float]) -> None:
     )
 
 
+def _non_finite(err: BaseException, run_dir: Path) -> dict[str, Any]:
+    """results.json's `non_finite` record (step, what, sample keys, the last good checkpoint) for a guard stop."""
+    if not isinstance(err, NonFiniteError):
+        return {}
+    info = dict(err.info)
+    last = run_dir / "checkpoints" / "last.ckpt"
+    if not info.get("last_good_checkpoint") and last.exists():
+        info["last_good_checkpoint"] = str(last)
+    return {"non_finite": info}
+
+
 def fit(cfg: DictConfig, typed: RootConfig) -> float | None:
     """Train one run from a validated config; returns the optimised metric (`train.monitor`)."""
     run_dir = Path(typed.run_dir)
@@ -245,7 +261,8 @@ def fit(cfg: DictConfig, typed: RootConfig) -> float | None:
         if run.rank_zero:
             try:
                 update_results(run_dir, status="failed", error=f"{type(err).__name__}: {err}",
-                               traceback=traceback.format_exc(limit=20), timings=dict(run.timer.timings))
+                               traceback=traceback.format_exc(limit=20), timings=dict(run.timer.timings),
+                               **_non_finite(err, run_dir))
             except Exception:  # noqa: BLE001 - never mask the real error
                 log.exception("could not write results.json")
         raise

@@ -22,6 +22,7 @@ import lightning.pytorch as pl
 import torch
 from torch import Tensor
 
+from lmk.model.long_attention import guard_padded_rows
 from lmk.train.gradcache import grad_cache_step
 from lmk.train.losses import info_nce
 
@@ -97,6 +98,8 @@ class ContrastiveModule(pl.LightningModule):
         self.model = model
         # HF from_pretrained returns eval mode; Lightning keeps each module's mode, so train (dropout) here.
         self.model.train()
+        # padded rows of sliding-window layers attend to themselves (CUDA kernels can return NaN for a keyless row)
+        guard_padded_rows(getattr(model, "backbone", None))
         self.tau, self.lr, self.weight_decay = tau, lr, weight_decay
         self.warmup_steps, self.max_steps, self.warmup_shape = warmup_steps, max_steps, warmup_shape
         # Multiplies the loss before backward only (the logged loss is unscaled). 1.0 = the gradient of the
@@ -114,6 +117,9 @@ class ContrastiveModule(pl.LightningModule):
             self.enable_gradient_checkpointing()
         self.save_hyperparameters(ignore=["model"])
         self._last_step_time: float | None = None
+        # The loss of the optimiser step in progress (summed over accumulated batches), read and reset by
+        # lmk.train.guard.NonFiniteGuard before the step.
+        self.window_loss: Tensor | None = None
         self.fit_start_step = 0  # global step when fit started (after a checkpoint restore)
 
     # ---- model helpers -------------------------------------------------------------------------
@@ -137,6 +143,9 @@ class ContrastiveModule(pl.LightningModule):
         if world == 1 or not self.gather_across_devices or not self.in_batch_negatives:
             return p, 0
         gathered = self.all_gather(p, sync_grads=True)  # [W, N, d]; needs equal N on every rank
+        if self._trainer is not None and self.global_step == self.fit_start_step:
+            log.info("rank %d scores its queries against %d passages gathered from %d ranks", self.global_rank,
+                     gathered.shape[0] * gathered.shape[1], gathered.shape[0])
         return gathered.reshape(-1, p.shape[-1]), self.global_rank * p.shape[0]
 
     def compute_loss(self, q: Tensor, p: Tensor, teacher_scores: Tensor | None = None) -> Tensor:
@@ -161,6 +170,7 @@ class ContrastiveModule(pl.LightningModule):
             loss = self._grad_cache_step(batch)
         else:
             loss = self.forward_loss(batch)
+            self._note_loss(loss)
         self._log_step(batch, loss)
         return None if self.grad_cache else loss * self.grad_scale
 
@@ -178,12 +188,17 @@ class ContrastiveModule(pl.LightningModule):
             chunk_size=self.grad_cache_chunk, backward=self.manual_backward,
             no_sync=no_sync or (lambda: contextlib.nullcontext()),
         )
+        self._note_loss(loss / self.grad_scale)
         if self.gradient_clip_val:
             self.clip_gradients(opt, gradient_clip_val=self.gradient_clip_val, gradient_clip_algorithm="norm")
         opt.step()
         if sched is not None:
             sched.step()
         return loss / self.grad_scale
+
+    def _note_loss(self, loss: Tensor) -> None:
+        loss = loss.detach()
+        self.window_loss = loss if self.window_loss is None else self.window_loss + loss
 
     def _log_step(self, batch: Mapping[str, Any], loss: Tensor) -> None:
         b = batch["query"]["input_ids"].shape[0]

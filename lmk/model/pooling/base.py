@@ -3,7 +3,8 @@
 A pooler is a small `torch.nn.Module` subclass of `Pooler` with a `name`, the needs it declares (class
 attributes) and a `config()`; `@register_pooler` adds the class to `POOLERS` (a duplicate name is an error) and
 `build_pooler(name, hidden_size, **kwargs)` builds one. Inputs are never modified in place, and means are
-computed in float32 so bf16 / fp16 backbones pool exactly; the output is float32.
+computed in float32 so bf16 / fp16 backbones pool exactly; the output is float32. `forward` runs with autocast
+off: under Lightning's bf16-mixed autocast an einsum or a linear layer would otherwise run (and return) bf16.
 """
 
 from __future__ import annotations
@@ -16,9 +17,13 @@ from torch import Tensor, nn
 
 
 def masked_mean(x: Tensor, weights: Tensor) -> Tensor:
-    """Mean of x [B, T, H] over T with 0/1 weights [B, T], in float32; an all-zero row gives zeros."""
+    """Mean of x [B, T, H] over T with 0/1 weights [B, T], in float32; an all-zero row gives zeros.
+
+    Positions of weight 0 are never read: a non-finite value there (a padded row that attended to no key) would
+    otherwise turn the sum into NaN (0 x NaN = NaN)."""
     w = weights.to(torch.float32)
-    total = torch.einsum("bt,bth->bh", w, x.to(torch.float32))
+    x = torch.where(w[..., None] > 0, x.to(torch.float32), 0.0)
+    total = torch.einsum("bt,bth->bh", w, x)
     return total / w.sum(dim=1, keepdim=True).clamp(min=1.0)
 
 
@@ -53,10 +58,11 @@ class Pooler(nn.Module):
         self, token_embeddings: Tensor, attention_mask: Tensor, pool_mask: Tensor | None = None
     ) -> Tensor:
         _check_inputs(token_embeddings, attention_mask, pool_mask)
-        pooled = self.pool(
-            token_embeddings, attention_mask.bool(), None if pool_mask is None else pool_mask.bool()
-        )
-        return F.normalize(pooled.to(torch.float32), p=2, dim=-1)
+        with torch.autocast(token_embeddings.device.type, enabled=False):  # fp32 pooling under bf16-mixed too
+            pooled = self.pool(
+                token_embeddings, attention_mask.bool(), None if pool_mask is None else pool_mask.bool()
+            )
+            return F.normalize(pooled.to(torch.float32), p=2, dim=-1)
 
     def pool(self, token_embeddings: Tensor, attention_mask: Tensor, pool_mask: Tensor | None) -> Tensor:
         raise NotImplementedError
