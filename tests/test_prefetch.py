@@ -402,10 +402,12 @@ def _longembed_arts() -> list[Artifact]:
 
 def _prepared(hf: Path, repo: str, config: str) -> Path:
     """What `datasets` leaves in its cache once a config is prepared (its `.incomplete` folder renamed)."""
-    folder = hf / "datasets" / repo.replace("/", "___") / config / "0.0.0" / "0123456789abcdef"
+    from datasets.naming import camelcase_to_snakecase
+
+    owner, name = repo.split("/")
+    folder = hf / "datasets" / f"{owner}___{camelcase_to_snakecase(name)}" / config / "0.0.0" / LONGEMBED_REV
     folder.mkdir(parents=True)
-    (folder / "dataset_info.json").write_text(json.dumps(
-        {"download_checksums": {f"hf://datasets/{repo}@{LONGEMBED_REV}/{config}/x.jsonl": {}}}))
+    (folder / "dataset_info.json").write_text("{}")
     return folder
 
 
@@ -486,6 +488,11 @@ def test_the_rehearsal_mirror_gets_every_config_of_a_shared_repo(tmp_path: Path,
     assert len(longembed) == 5  # the repo was there with needle only: every LongEmbed config is written
     for cfg in LONGEMBED:
         assert mirror.find("dataset", "dwzhu/LongEmbed", root, cfg) is not None, cfg
+    # the rehearsal's "interrupted download" fault: the next sweep start writes the repo again
+    hub_fetch.interrupt_download(_longembed_arts()[1], root)
+    assert mirror.find("dataset", "dwzhu/LongEmbed", root, "needle") is None
+    prepare(scale, tmp_path)
+    assert all(mirror.find("dataset", "dwzhu/LongEmbed", root, cfg) is not None for cfg in LONGEMBED)
 
 
 # ------------------------------------------------------------------ make prefetch on a login node
@@ -552,3 +559,59 @@ def test_make_prefetch_paper_fails_on_the_network_not_offline(tmp_path: Path) ->
     lines = [line for line in proc.stdout.splitlines() if line.startswith("failed")]
     assert len(lines) == 3 and all("dwzhu/LongEmbed" in line for line in lines), proc.stdout + proc.stderr[-2000:]
     assert "ERR 3 download(s) failed" in proc.stdout
+
+
+@pytest.mark.slow
+def test_prefetch_from_a_local_hub_fetches_every_config_and_never_keeps_a_cut_download(tmp_path: Path) -> None:
+    """With HF_ENDPOINT at a stand-in hub (tests/hub_server.py) serving LongEmbed's five configs, a cache-mode
+    prefetch downloads each config (before: the first made the others count as present), the jobs then load
+    them offline; a mirror download cut mid-file is not taken as present, and the rerun completes it."""
+    import os
+    import subprocess
+    import sys
+
+    from hub_server import HubServer
+
+    from lmk.eval.replicas import Sizes, write_replicas
+
+    tasks = ["LEMBNeedleRetrieval", "LEMBNarrativeQARetrieval", "LEMBQMSumRetrieval", "LEMBSummScreenFDRetrieval",
+             "LEMBWikimQARetrieval"]
+    write_replicas(tmp_path / "src", tasks, Sizes(n_queries=2, n_docs=3, lengths=(256,)))
+    served = mirror.repo_dir(tmp_path / "src", "dataset", "dwzhu/LongEmbed")
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE",
+                                                             "HF_DATASETS_OFFLINE", "LMK_HUB_MIRROR")}
+    common = ("from lmk.hub.fetch import prefetch, Artifact, FetchError\nfrom lmk.hub.artifacts import locate, "
+              "check_available\nimport mteb\n"
+              f"tasks = {tasks!r}\n"
+              "arts = [Artifact('dataset', 'dwzhu/LongEmbed', type(mteb.get_task(t)).metadata.dataset['revision'], "
+              "type(mteb.get_task(t)).metadata.dataset['name'], task=t) for t in tasks]\n")
+    online = common + ("print('STATUS', [e['status'] for e in prefetch(arts)])\n"
+                       "print('AGAIN', [e['status'] for e in prefetch(arts)])\n")
+    into_mirror = common + (f"try:\n    print('MIRROR', [e['status'] for e in prefetch(arts, {str(tmp_path / 'mirror')!r})])\n"
+                            "except FetchError as err:\n    print('CUT', err)\nprint('LOCATED', locate(arts[0]))\n")
+    offline = common + (
+        "check_available({'eval': {'tasks': tasks}})\n"
+        "for t in tasks:\n    mteb.get_task(t).load_data()\nprint('OFFLINE OK')\n")
+
+    def python(code: str) -> str:
+        run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900)
+        return run.stdout + run.stderr[-3000:]
+
+    with HubServer({("dataset", "dwzhu/LongEmbed"): served}) as hub:
+        env.update(HF_HOME=str(tmp_path / "hf"), HF_ENDPOINT=hub.url, NO_PROXY="127.0.0.1", PYTHONPATH=str(ROOT))
+        out = python(online)
+        assert "STATUS ['fetched', 'fetched', 'fetched', 'fetched', 'fetched']" in out, out
+        assert "AGAIN ['datasets cache', 'datasets cache', 'datasets cache', 'datasets cache', 'datasets cache']" in out
+        hub.cut = {next(served.glob("needle/qrels-*.parquet")).name}  # the connection drops mid-file
+        env["HF_HOME"] = str(tmp_path / "hf-empty")  # a mirror fill on a machine whose cache is empty
+        out = python(into_mirror)
+        assert "CUT 1 download(s) failed" in out and "LOCATED None" in out, out
+        assert mirror.incomplete(mirror.repo_dir(tmp_path / "mirror", "dataset", "dwzhu/LongEmbed")) is not None
+        hub.cut.clear()
+        out = python(into_mirror)  # the rerun completes the copy; the other configs come with the whole repo
+        assert "MIRROR ['fetched', 'mirror', 'mirror', 'mirror', 'mirror']" in out, out
+        env["HF_HOME"] = str(tmp_path / "hf")
+    # the hub is gone: the jobs read what prefetch left, offline
+    env["HF_HUB_OFFLINE"] = "1"
+    out = python(offline)
+    assert "OFFLINE OK" in out, out

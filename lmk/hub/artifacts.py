@@ -22,6 +22,7 @@ from typing import Any
 
 import datasets
 import mteb
+from datasets.naming import camelcase_to_snakecase
 from huggingface_hub import constants
 from mteb.abstasks.aggregated_task import AbsTaskAggregate
 from mteb.get_tasks import _TASKS_REGISTRY
@@ -217,13 +218,15 @@ def _in_hub_cache(art: Artifact) -> Path | None:
 
 
 def _in_datasets_cache(art: Artifact) -> Path | None:
-    """The `datasets` cache's prepared copy of this config (`<repo>/<config>/<version>/<hash>/`, moved into
-    place only once complete: `datasets` prepares into a `.incomplete` folder), else None."""
+    """The `datasets` cache's prepared copy of this config (`<owner>___<snake_name>/<config>/<version>/<sha>/`,
+    moved into place only once complete: `datasets` prepares into an `.incomplete` folder), else None."""
     if art.kind != "dataset" or (art.task and art.config is None):
         return None  # an mteb task without a config reads several (corpus, queries, qrels): the manifest decides
     base = Path(datasets.config.HF_DATASETS_CACHE)
-    for name in dict.fromkeys((art.repo_id.replace("/", "___"), art.repo_id.replace("/", "___").lower())):
-        folder = base / name / (art.config or "default")
+    owner, name = art.repo_id.split("/")
+    for folder_name in dict.fromkeys((f"{owner}___{camelcase_to_snakecase(name)}", f"{owner}___{name}",
+                                      f"{owner}___{name}".lower())):
+        folder = base / folder_name / (art.config or "default")
         infos = [p for p in folder.glob("*/*/dataset_info.json") if ".incomplete" not in p.parent.name] \
             if folder.is_dir() else []
         if art.revision:
@@ -234,12 +237,14 @@ def _in_datasets_cache(art: Artifact) -> Path | None:
 
 
 def _prepared_revision(info: Path) -> str | None:
+    """The hub commit a prepared copy was built from: `datasets` names its folder after it (else its
+    download_checksums' URLs may); None when it cannot be told (the copy then counts)."""
+    if re.fullmatch(r"[0-9a-f]{40}", info.parent.name):
+        return info.parent.name
     try:
         data = json.loads(info.read_text())
     except (OSError, json.JSONDecodeError):
         return None
-    # `datasets` names the hub commit in download_checksums' URLs (hf://datasets/<repo>@<sha>/... or
-    # .../resolve/<sha>/...); without one the revision is not known and the prepared copy counts
     urls = " ".join(str(k) for k in (data.get("download_checksums") or {}))
     found = re.search(r"(?:@|/resolve/)([0-9a-f]{40})/", urls)
     return found.group(1) if found else None

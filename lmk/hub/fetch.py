@@ -14,6 +14,7 @@ from typing import Any
 
 import datasets
 import mteb
+from datasets.naming import camelcase_to_snakecase
 from huggingface_hub import snapshot_download
 
 from lmk.hub import mirror
@@ -153,8 +154,9 @@ def interrupt_download(art: Artifact, mirror_dir: str | os.PathLike | None = Non
     (repo / "blobs" / ("0" * 64 + ".incomplete")).write_bytes(b"partial")
     (repo / "snapshots" / (art.revision or "0" * 40)).mkdir(parents=True, exist_ok=True)
     if art.kind == "dataset":
-        prep = Path(datasets.config.HF_DATASETS_CACHE) / art.repo_id.replace("/", "___") / (art.config or "default")
-        (prep / "0.0.0" / "0123456789abcdef.incomplete").mkdir(parents=True, exist_ok=True)
+        owner, name = art.repo_id.split("/")
+        prep = Path(datasets.config.HF_DATASETS_CACHE) / f"{owner}___{camelcase_to_snakecase(name)}" / (art.config or "default")
+        (prep / "0.0.0" / f"{art.revision or '0' * 40}.incomplete").mkdir(parents=True, exist_ok=True)
     manifest = cache_manifest_path()
     if manifest.is_file():
         data = json.loads(manifest.read_text())
