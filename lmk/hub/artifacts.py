@@ -195,8 +195,8 @@ _WEIGHTS = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.h5", "*.msgpack", "*.g
 
 
 def _in_hub_cache(art: Artifact) -> Path | None:
-    """A model's complete snapshot in the Hugging Face hub cache: it has its weights and no download of the
-    repo is unfinished (huggingface_hub's `*.incomplete` blobs). A dataset snapshot alone never counts: the
+    """A model's complete snapshot in the Hugging Face hub cache: it has its config and weights (a tokenizer
+    artifact: its tokenizer files) and no download of the repo is unfinished (huggingface_hub's `*.incomplete` blobs). A dataset snapshot alone never counts: the
     files of one config do not make another one's (see `_in_datasets_cache` and the manifest)."""
     if art.kind != "model":
         return None
@@ -211,7 +211,10 @@ def _in_hub_cache(art: Artifact) -> Path | None:
         candidates = [snapshots / sha]
     else:
         candidates = sorted(p for p in snapshots.iterdir() if p.is_dir())
+    tokenizer_only = art.what.startswith("tokenizer")  # encoder_artifacts' tokenizer of another repo
     for snap in candidates:
+        if tokenizer_only and any((snap / f).exists() for f in ("tokenizer.json", "tokenizer_config.json")):
+            return snap
         if (snap / "config.json").exists() and any(any(snap.glob(w)) for w in _WEIGHTS):
             return snap
     return None

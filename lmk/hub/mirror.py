@@ -213,7 +213,7 @@ def apply_mirror(task: Any, root: str | os.PathLike | None = None) -> Path | Non
     """
     dataset = dict(task.metadata.dataset)
     repo = str(dataset.get("path", ""))
-    folder = find("dataset", repo, root)
+    folder = find("dataset", repo, root, dataset.get("name"))  # this task's config (LongEmbed: one of five)
     if folder is None:
         return None
     dataset["path"] = str(folder.resolve())

@@ -50,7 +50,7 @@ def provenance_lines(out: str | Path) -> list[str]:
         row = res.get("row") or (res.get("config") or {}).get("row")
         if row is None:
             continue
-        label = f"{path.parent.parent.name}/{row}"
+        label = path.parent.relative_to(out).as_posix()  # train/<row>, train/<row>/seed<k>, zeroshot/<row>
         envs[label] = _environment(res.get("environment") or {})
         if res.get("data_fingerprint"):
             data[label] = f"`{res['data_fingerprint']}`"
