@@ -1,4 +1,5 @@
-# One entry point per user job. Every install path pins torch==2.13.0 first (constraints.txt):
+# One entry point per user job. Every install path installs torch==2.13.0 first, then the full lock
+# (requirements.lock, CPU torch; `make lock` refreshes it from constraints.txt + pyproject.toml):
 # an unpinned torch pulls a multi-GB CUDA build.
 PYTHON ?= python3
 VENV   := .venv
@@ -6,11 +7,17 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 SCALE  ?= mini
 OUT    ?= outputs
-# Offline by default on this machine; unset for hub models/tasks.
-export HF_HUB_OFFLINE ?= 1
+# Jobs run offline by default (compute nodes have no internet): HF_HUB_OFFLINE=1 unless the caller sets it
+# (`HF_HUB_OFFLINE= make ...` runs online). `make prefetch` downloads, so it runs online by default (a login
+# node); `HF_HUB_OFFLINE=1 make prefetch` only records what is on disk.
+ifeq ($(origin HF_HUB_OFFLINE),undefined)
+HF_HUB_OFFLINE := 1
+prefetch: HF_HUB_OFFLINE :=
+endif
+export HF_HUB_OFFLINE
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: install test test-slow test-all lint reproduce-table2 table2 prefetch replicas notebooks bench gpu-check rehearse-nodes clean help
+.PHONY: install lock test test-slow test-all lint reproduce-table2 table2 prefetch replicas notebooks bench gpu-check rehearse-nodes clean help
 
 help:
 	@echo "make reproduce-table2 [SCALE=mini|rehearsal|paper|tiny] [FORCE=1]  sweep + table"
@@ -18,17 +25,18 @@ help:
 	@echo "make prefetch [SCALE=paper] [MIRROR=dir]  on a login node: download what the sweep's jobs load"
 	@echo "make replicas MIRROR=dir         offline replicas of the paper's eval datasets (hub layout)"
 	@echo "make test | test-slow | lint     tests (fast / slow) and ruff"
+	@echo "make lock                        refresh requirements.lock (the full pinned environment)"
 	@echo "make notebooks | bench           execute notebooks / run benchmarks"
 	@echo "make rehearse-nodes [NODES=2]    one rehearsal row as a multi-node SLURM job on this machine"
 	@echo "make gpu-check                   paper-shaped step + encode tokens/s + rehearsal row on a GPU (JSON)"
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml constraints.txt
+$(STAMP): pyproject.toml requirements.lock
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev]'
+	$(PY) -m pip install --quiet -c requirements.lock -e '.[dev]'
 	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $(STAMP)
 
@@ -40,6 +48,15 @@ test-slow: install
 
 test-all: install
 	WANDB_MODE=offline $(PY) -m pytest -q -m "not gpu and not network"
+
+# Refresh the lock: a fresh resolution of torch==2.13.0 + constraints.txt + .[dev] (nothing is installed),
+# then `make install` on a new venv installs exactly it. Commit requirements.lock with the change.
+lock:
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet --dry-run --ignore-installed --report $(VENV)/lock-report.json \
+		torch==2.13.0 -c constraints.txt -e '.[dev]'
+	$(PY) lmk/run/environment.py lock $(VENV)/lock-report.json requirements.lock
 
 lint: install
 	$(VENV)/bin/ruff check lmk tests benchmarks experiments hydra_plugins

@@ -200,9 +200,17 @@ def test_offline_check_names_whats_missing_then_passes_with_the_mirror(
     (model_dir / "config.json").write_text("{}")
     assert mirror.resolve_model("answerdotai/ModernBERT-base") == str(model_dir)
     assert mirror.resolve_model("other/model") == "other/model"
-    # a dataset in the hub cache counts too (what `prefetch` without --mirror fills)
+    # a dataset in the caches counts too (what `prefetch` without --mirror fills): every config of a shared
+    # repo on its own (LongEmbed's five configs; a repo snapshot alone vouches for none of them)
     snap = empty_hf_cache / "hub" / "datasets--dwzhu--LongEmbed" / "snapshots" / "6e346642246bfb4928c560ee08640dc84d074e8c"
     snap.mkdir(parents=True)
+    for config in LONGEMBED[:-1]:
+        _prepared(empty_hf_cache, "dwzhu/LongEmbed", config)
+    write_replicas(root, ["MultiLongDocRetrieval", "LEMBPasskeyRetrieval", "ArguAna", "CQADupstackUnixRetrieval",
+                          "AppsRetrieval"], Sizes(n_queries=2, n_docs=4))
+    with pytest.raises(MissingArtifactsError, match=r"LongEmbed@6e346642246b \[2wikimqa\]"):
+        check_available(cfg)
+    _prepared(empty_hf_cache, "dwzhu/LongEmbed", LONGEMBED[-1])
     write_replicas(root, ["MultiLongDocRetrieval", "LEMBPasskeyRetrieval", "ArguAna", "CQADupstackUnixRetrieval",
                           "AppsRetrieval"], Sizes(n_queries=2, n_docs=4))
     check_available(cfg)
@@ -380,3 +388,230 @@ def test_aggregate_task_leaves_read_the_mirror(tmp_path: Path, monkeypatch: pyte
     paths = {leaf.metadata.name: leaf.metadata.dataset["path"] for leaf in task.metadata.tasks}
     assert paths["CQADupstackGamingRetrieval"] == str(folder.resolve())
     assert paths["CQADupstackUnixRetrieval"] == "mteb/cqadupstack-unix"  # not mirrored: the hub id
+
+
+# ------------------------------------------------------------------ availability per (repo, revision, config)
+LONGEMBED = ("needle", "narrativeqa", "qmsum", "summ_screen_fd", "2wikimqa")
+LONGEMBED_REV = "6e346642246bfb4928c560ee08640dc84d074e8c"
+
+
+def _longembed_arts() -> list[Artifact]:
+    return [Artifact("dataset", "dwzhu/LongEmbed", LONGEMBED_REV, cfg, what=f"eval task {cfg}", task=f"LEMB-{cfg}")
+            for cfg in LONGEMBED]
+
+
+def _prepared(hf: Path, repo: str, config: str) -> Path:
+    """What `datasets` leaves in its cache once a config is prepared (its `.incomplete` folder renamed)."""
+    from datasets.naming import camelcase_to_snakecase
+
+    owner, name = repo.split("/")
+    folder = hf / "datasets" / f"{owner}___{camelcase_to_snakecase(name)}" / config / "0.0.0" / LONGEMBED_REV
+    folder.mkdir(parents=True)
+    (folder / "dataset_info.json").write_text("{}")
+    return folder
+
+
+def test_one_config_of_a_repo_on_disk_says_nothing_of_the_others(empty_hf_cache: Path) -> None:
+    # the fake cache holds LongEmbed's snapshot folder and ONE prepared config, as after prefetching needle
+    (empty_hf_cache / "hub" / "datasets--dwzhu--LongEmbed" / "snapshots" / LONGEMBED_REV).mkdir(parents=True)
+    _prepared(empty_hf_cache, "dwzhu/LongEmbed", "needle")
+    arts = _longembed_arts()
+    assert artifacts.locate(arts[0]) is not None
+    assert [artifacts.locate(a) for a in arts[1:]] == [None] * 4
+    dry = hub_fetch.prefetch(arts, dry_run=True)
+    assert [e["status"] for e in dry] == ["datasets cache"] + ["missing"] * 4
+    # another revision of the same config is another artifact
+    assert artifacts.locate(Artifact("dataset", "dwzhu/LongEmbed", "f" * 40, "needle")) is None
+    # the job-side check names the four configs that are not there
+    cfg = {"eval": {"tasks": ["LEMBNeedleRetrieval", "LEMBNarrativeQARetrieval", "LEMBQMSumRetrieval"]}}
+    with pytest.raises(MissingArtifactsError) as err:
+        check_available(cfg)
+    assert "[narrativeqa]" in str(err.value) and "[qmsum]" in str(err.value) and "[needle]" not in str(err.value)
+
+
+def test_a_partial_download_into_the_mirror_is_not_there(tmp_path: Path, empty_hf_cache: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from lmk.eval.replicas import Sizes, write_replicas
+
+    root = tmp_path / "mirror"
+    monkeypatch.setenv("LMK_HUB_MIRROR", str(root))
+    write_replicas(root, ["LEMBNeedleRetrieval"], Sizes(n_queries=2, n_docs=3, lengths=(256,)))
+    needle, qmsum = _longembed_arts()[0], _longembed_arts()[2]
+    assert artifacts.locate(needle).startswith("mirror:")
+    assert artifacts.locate(qmsum) is None  # the replica holds needle only: per config, as in the cache
+    # the fault injection (lmk.hub.fetch.interrupt_download): a download of the repo killed midway
+    hub_fetch.interrupt_download(needle, root)
+    assert mirror.incomplete(mirror.repo_dir(root, "dataset", "dwzhu/LongEmbed")) is not None
+    assert artifacts.locate(needle) is None  # not even through the manifest entry of the earlier write
+    # a finished copy with a file cut short later is not there either
+    write_replicas(root, ["LEMBNeedleRetrieval"], Sizes(n_queries=2, n_docs=3, lengths=(256,)))
+    assert artifacts.locate(needle) is not None
+    part = next((mirror.repo_dir(root, "dataset", "dwzhu/LongEmbed") / "needle").glob("corpus-*.parquet"))
+    part.write_bytes(part.read_bytes()[:20])
+    assert "truncated" in mirror.incomplete(part.parent.parent) and artifacts.locate(needle) is None
+
+
+def test_an_interrupted_download_into_the_cache_is_not_there(empty_hf_cache: Path) -> None:
+    model = Artifact("model", "answerdotai/ModernBERT-base", what="encoder")
+    snap = empty_hf_cache / "hub" / "models--answerdotai--ModernBERT-base" / "snapshots" / ("a" * 40)
+    snap.mkdir(parents=True)
+    (snap / "config.json").write_text("{}")
+    assert artifacts.locate(model) is None  # config.json alone: the weights never came
+    (snap / "model.safetensors").write_bytes(b"w")
+    assert artifacts.locate(model).startswith("hub cache:")
+    hub_fetch.interrupt_download(model)
+    assert artifacts.locate(model) is None
+    needle = _longembed_arts()[0]
+    hub_fetch._record(None, [{**needle.__dict__, "status": "fetched", "path": str(empty_hf_cache)}])
+    assert artifacts.locate(needle).startswith("manifest")
+    hub_fetch.interrupt_download(needle)
+    assert artifacts.locate(needle) is None
+
+
+def test_the_rehearsal_mirror_gets_every_config_of_a_shared_repo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import dataclasses
+
+    from lmk.eval.replicas import Sizes, write_replicas
+    from lmk.sweep.hub_mirror import prepare
+    from lmk.sweep.spec import load_spec
+
+    root = tmp_path / "mirror"
+    write_replicas(root, ["LEMBNeedleRetrieval"], Sizes(n_queries=2, n_docs=3, lengths=(256,)))
+    scale = load_spec(SPEC).scale("rehearsal")
+    small = {"n_queries": 2, "n_docs": 3, "lengths": [256]}
+    scale = dataclasses.replace(scale, hub_mirror={"path": str(root), "replicas": small})
+    written: list[list[str]] = []
+    real = prepare.__globals__["write_replicas"]
+    monkeypatch.setitem(prepare.__globals__, "write_replicas", lambda r, t, s: written.append(list(t)) or real(r, t, s))
+    prepare(scale, tmp_path)
+    longembed = [t for t in written[0] if t.startswith("LEMB") and t != "LEMBPasskeyRetrieval"]
+    assert len(longembed) == 5  # the repo was there with needle only: every LongEmbed config is written
+    for cfg in LONGEMBED:
+        assert mirror.find("dataset", "dwzhu/LongEmbed", root, cfg) is not None, cfg
+    # the rehearsal's "interrupted download" fault: the next sweep start writes the repo again
+    hub_fetch.interrupt_download(_longembed_arts()[1], root)
+    assert mirror.find("dataset", "dwzhu/LongEmbed", root, "needle") is None
+    prepare(scale, tmp_path)
+    assert all(mirror.find("dataset", "dwzhu/LongEmbed", root, cfg) is not None for cfg in LONGEMBED)
+
+
+# ------------------------------------------------------------------ make prefetch on a login node
+def _make(target: str, env_var: str | None, tmp_path: Path, **extra: str) -> str:
+    """`make <target>` with a stand-in interpreter that prints the HF_HUB_OFFLINE the recipe sees."""
+    import os
+    import stat
+    import subprocess
+
+    fake = tmp_path / "fakepy"
+    fake.write_text('#!/bin/sh\necho "HF_HUB_OFFLINE=[${HF_HUB_OFFLINE-unset}]"\n')
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "MAKEFLAGS", "MFLAGS")}
+    if env_var is not None:
+        env["HF_HUB_OFFLINE"] = env_var
+    args = ["make", "-s", "-o", "install", target, f"PY={fake}", *(f"{k}={v}" for k, v in extra.items())]
+    proc = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip().splitlines()[-1]
+
+
+def test_make_prefetch_is_online_on_a_login_node_and_jobs_stay_offline(tmp_path: Path) -> None:
+    assert _make("prefetch", None, tmp_path) == "HF_HUB_OFFLINE=[]"  # unset: online (was 1: a refusal)
+    assert _make("prefetch", "", tmp_path) == "HF_HUB_OFFLINE=[]"  # the advice, as typed
+    assert _make("prefetch", "1", tmp_path) == "HF_HUB_OFFLINE=[1]"  # asked offline: records what is there
+    assert _make("reproduce-table2", None, tmp_path) == "HF_HUB_OFFLINE=[1]"  # jobs: offline by default
+    assert _make("reproduce-table2", "", tmp_path) == "HF_HUB_OFFLINE=[]"
+
+
+def test_prefetch_offline_advice_names_the_variable(empty_hf_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    with pytest.raises(MissingArtifactsError, match=r"HF_DATASETS_OFFLINE=1 forbids .*`HF_DATASETS_OFFLINE= make prefetch"):
+        hub_fetch.prefetch([Artifact("model", "answerdotai/ModernBERT-base")])
+
+
+@pytest.mark.slow
+def test_make_prefetch_paper_fails_on_the_network_not_offline(tmp_path: Path) -> None:
+    """The login node's first command, through make and lmk.prefetch: with no network (HF_ENDPOINT at a closed
+    local port) it fails on the download, and with --keep-going tries every config of a shared repo."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()  # nothing listens there: every connection is refused at once
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE",
+                                                             "HF_DATASETS_OFFLINE", "MAKEFLAGS", "MFLAGS")}
+    env.update(HF_HOME=str(tmp_path / "hf"), HF_ENDPOINT=f"http://127.0.0.1:{port}", HTTPS_PROXY="", HTTP_PROXY="")
+    proc = subprocess.run(["make", "-s", "-o", "install", "prefetch", "SCALE=paper", f"PY={sys.executable}"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "download(s) failed" in out, out[-3000:]
+    assert "forbids downloading" not in out and "HF_HUB_OFFLINE" not in out
+    code = ("from lmk.hub.fetch import prefetch, Artifact\n"
+            f"arts = [Artifact('dataset', 'dwzhu/LongEmbed', {LONGEMBED_REV!r}, c, task=t) for c, t in "
+            "[('needle', 'LEMBNeedleRetrieval'), ('qmsum', 'LEMBQMSumRetrieval'), ('2wikimqa', 'LEMBWikimQARetrieval')]]\n"
+            "try:\n    prefetch(arts, keep_going=True)\nexcept Exception as err:\n    print('ERR', err)\n")
+    proc = subprocess.run([sys.executable, "-c", code], env={**env, "PYTHONPATH": str(ROOT)}, capture_output=True,
+                          text=True, timeout=600)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("failed")]
+    assert len(lines) == 3 and all("dwzhu/LongEmbed" in line for line in lines), proc.stdout + proc.stderr[-2000:]
+    assert "ERR 3 download(s) failed" in proc.stdout
+
+
+@pytest.mark.slow
+def test_prefetch_from_a_local_hub_fetches_every_config_and_never_keeps_a_cut_download(tmp_path: Path) -> None:
+    """With HF_ENDPOINT at a stand-in hub (tests/hub_server.py) serving LongEmbed's five configs, a cache-mode
+    prefetch downloads each config (before: the first made the others count as present), the jobs then load
+    them offline; a mirror download cut mid-file is not taken as present, and the rerun completes it."""
+    import os
+    import subprocess
+    import sys
+
+    from hub_server import HubServer
+
+    from lmk.eval.replicas import Sizes, write_replicas
+
+    tasks = ["LEMBNeedleRetrieval", "LEMBNarrativeQARetrieval", "LEMBQMSumRetrieval", "LEMBSummScreenFDRetrieval",
+             "LEMBWikimQARetrieval"]
+    write_replicas(tmp_path / "src", tasks, Sizes(n_queries=2, n_docs=3, lengths=(256,)))
+    served = mirror.repo_dir(tmp_path / "src", "dataset", "dwzhu/LongEmbed")
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE",
+                                                             "HF_DATASETS_OFFLINE", "LMK_HUB_MIRROR")}
+    common = ("from lmk.hub.fetch import prefetch, Artifact, FetchError\nfrom lmk.hub.artifacts import locate, "
+              "check_available\nimport mteb\n"
+              f"tasks = {tasks!r}\n"
+              "arts = [Artifact('dataset', 'dwzhu/LongEmbed', type(mteb.get_task(t)).metadata.dataset['revision'], "
+              "type(mteb.get_task(t)).metadata.dataset['name'], task=t) for t in tasks]\n")
+    online = common + ("print('STATUS', [e['status'] for e in prefetch(arts)])\n"
+                       "print('AGAIN', [e['status'] for e in prefetch(arts)])\n")
+    into_mirror = common + (f"try:\n    print('MIRROR', [e['status'] for e in prefetch(arts, {str(tmp_path / 'mirror')!r})])\n"
+                            "except FetchError as err:\n    print('CUT', err)\nprint('LOCATED', locate(arts[0]))\n")
+    offline = common + (
+        "check_available({'eval': {'tasks': tasks}})\n"
+        "for t in tasks:\n    mteb.get_task(t).load_data()\nprint('OFFLINE OK')\n")
+
+    def python(code: str) -> str:
+        run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900)
+        return run.stdout + run.stderr[-3000:]
+
+    with HubServer({("dataset", "dwzhu/LongEmbed"): served}) as hub:
+        env.update(HF_HOME=str(tmp_path / "hf"), HF_ENDPOINT=hub.url, NO_PROXY="127.0.0.1", PYTHONPATH=str(ROOT))
+        out = python(online)
+        assert "STATUS ['fetched', 'fetched', 'fetched', 'fetched', 'fetched']" in out, out
+        assert "AGAIN ['datasets cache', 'datasets cache', 'datasets cache', 'datasets cache', 'datasets cache']" in out
+        hub.cut = {next(served.glob("needle/qrels-*.parquet")).name}  # the connection drops mid-file
+        env["HF_HOME"] = str(tmp_path / "hf-empty")  # a mirror fill on a machine whose cache is empty
+        out = python(into_mirror)
+        assert "CUT 1 download(s) failed" in out and "LOCATED None" in out, out
+        assert mirror.incomplete(mirror.repo_dir(tmp_path / "mirror", "dataset", "dwzhu/LongEmbed")) is not None
+        hub.cut.clear()
+        out = python(into_mirror)  # the rerun completes the copy; the other configs come with the whole repo
+        assert "MIRROR ['fetched', 'mirror', 'mirror', 'mirror', 'mirror']" in out, out
+        env["HF_HOME"] = str(tmp_path / "hf")
+    # the hub is gone: the jobs read what prefetch left, offline
+    env["HF_HUB_OFFLINE"] = "1"
+    out = python(offline)
+    assert "OFFLINE OK" in out, out

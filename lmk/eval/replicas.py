@@ -234,6 +234,7 @@ def write_replicas(root: str | os.PathLike, tasks: Sequence[str] | None = None, 
         if folder.exists():
             shutil.rmtree(folder)  # a rewrite with other sizes must not keep stale configs
         folder.mkdir(parents=True)
+        mirror.mark_started(folder, repo, None)  # an interrupted write is not a replica
         configs: dict[str, dict[str, str]] = {}
         built = [(rep, rep.splits(sizes)) for rep in replicas]
         digests = [_content_hash({_eval_split(rep.task, s): rc for s, rc in b.items()}) for rep, b in built]
@@ -247,8 +248,12 @@ def write_replicas(root: str | os.PathLike, tasks: Sequence[str] | None = None, 
                 _beir(folder, f"{rep.config}-" if rep.layout == "beir-lang" else "", splits, configs, tag,
                       shared="_" in b)
         _readme(folder, configs, ", ".join(r.task for r in replicas))
+        mirror.mark_complete(folder, repo, revision, [task_dataset(r.task).get("name") for r in replicas],
+                             source="replica")
         entries.append({"kind": "dataset", "repo_id": repo, "revision": revision, "source": "replica",
-                        "path": str(folder.relative_to(root)), "what": [r.task for r in replicas]})
+                        "path": str(folder.relative_to(root)), "what": [r.task for r in replicas],
+                        # per task: the content fingerprint lmk.eval.fingerprints pins ("replica:<task>")
+                        "content": {r.task: d for r, d in zip(replicas, digests, strict=True)}})
         log.info("replica %s (%s) -> %s", repo, ", ".join(r.task for r in replicas), folder)
     mirror.record(root, entries)
     return entries

@@ -1,7 +1,9 @@
 """The Hugging Face hub, for jobs on compute nodes without internet (no model framework imported here).
 
     offline.py    are we offline? is this a hub id? (answered once for every layer)
-    mirror.py     a folder of hub repos (hub.mirror / LMK_HUB_MIRROR) that models, data and mteb tasks read
+    mirror.py     a folder of hub repos (hub.mirror / LMK_HUB_MIRROR) that models, data and mteb tasks read;
+                  completion markers: a partial download is never taken as present
     artifacts.py  what a job loads from the hub (required_artifacts) and whether it is on disk (check_available)
-    fetch.py      downloading them on a login node, with a manifest (`python -m lmk.prefetch`)
+    fetch.py      downloading them on a login node, with a manifest (`python -m lmk.prefetch`); interrupt_download
+                  leaves a partial one (fault injection)
 """

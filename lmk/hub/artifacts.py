@@ -14,6 +14,7 @@ import dataclasses
 import importlib.util
 import json
 import logging
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -21,6 +22,7 @@ from typing import Any
 
 import datasets
 import mteb
+from datasets.naming import camelcase_to_snakecase
 from huggingface_hub import constants
 from mteb.abstasks.aggregated_task import AbsTaskAggregate
 from mteb.get_tasks import _TASKS_REGISTRY
@@ -189,30 +191,70 @@ def cache_manifest_path() -> Path:
     return Path(constants.HF_HOME) / MANIFEST
 
 
+_WEIGHTS = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.h5", "*.msgpack", "*.gguf")
+
+
 def _in_hub_cache(art: Artifact) -> Path | None:
+    """A model's complete snapshot in the Hugging Face hub cache: it has its config and weights (a tokenizer
+    artifact: its tokenizer files) and no download of the repo is unfinished (huggingface_hub's `*.incomplete` blobs). A dataset snapshot alone never counts: the
+    files of one config do not make another one's (see `_in_datasets_cache` and the manifest)."""
+    if art.kind != "model":
+        return None
     owner, name = art.repo_id.split("/")
     repo = _hub_cache_dir() / f"{art.kind}s--{owner}--{name}"
     snapshots = repo / "snapshots"
-    if not snapshots.is_dir():
+    if not snapshots.is_dir() or any((repo / "blobs").glob("*.incomplete")):
         return None
     if art.revision:
         ref = repo / "refs" / art.revision
         sha = ref.read_text().strip() if ref.is_file() else art.revision
-        return snapshots / sha if (snapshots / sha).is_dir() else None
-    return next((p for p in snapshots.iterdir() if p.is_dir()), None)
-
-
-def _in_datasets_cache(art: Artifact) -> Path | None:
-    if art.kind != "dataset":
-        return None
-    base = Path(datasets.config.HF_DATASETS_CACHE)
-    for name in (art.repo_id.replace("/", "___"), art.repo_id.replace("/", "___").lower()):
-        if (base / name).is_dir():
-            return base / name
+        candidates = [snapshots / sha]
+    else:
+        candidates = sorted(p for p in snapshots.iterdir() if p.is_dir())
+    tokenizer_only = art.what.startswith("tokenizer")  # encoder_artifacts' tokenizer of another repo
+    for snap in candidates:
+        if tokenizer_only and any((snap / f).exists() for f in ("tokenizer.json", "tokenizer_config.json")):
+            return snap
+        if (snap / "config.json").exists() and any(any(snap.glob(w)) for w in _WEIGHTS):
+            return snap
     return None
 
 
+def _in_datasets_cache(art: Artifact) -> Path | None:
+    """The `datasets` cache's prepared copy of this config (`<owner>___<snake_name>/<config>/<version>/<sha>/`,
+    moved into place only once complete: `datasets` prepares into an `.incomplete` folder), else None."""
+    if art.kind != "dataset" or (art.task and art.config is None):
+        return None  # an mteb task without a config reads several (corpus, queries, qrels): the manifest decides
+    base = Path(datasets.config.HF_DATASETS_CACHE)
+    owner, name = art.repo_id.split("/")
+    for folder_name in dict.fromkeys((f"{owner}___{camelcase_to_snakecase(name)}", f"{owner}___{name}",
+                                      f"{owner}___{name}".lower())):
+        folder = base / folder_name / (art.config or "default")
+        infos = [p for p in folder.glob("*/*/dataset_info.json") if ".incomplete" not in p.parent.name] \
+            if folder.is_dir() else []
+        if art.revision:
+            infos = [p for p in infos if _prepared_revision(p) in (None, art.revision)]
+        if infos:
+            return infos[0].parent
+    return None
+
+
+def _prepared_revision(info: Path) -> str | None:
+    """The hub commit a prepared copy was built from: `datasets` names its folder after it (else its
+    download_checksums' URLs may); None when it cannot be told (the copy then counts)."""
+    if re.fullmatch(r"[0-9a-f]{40}", info.parent.name):
+        return info.parent.name
+    try:
+        data = json.loads(info.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    urls = " ".join(str(k) for k in (data.get("download_checksums") or {}))
+    found = re.search(r"(?:@|/resolve/)([0-9a-f]{40})/", urls)
+    return found.group(1) if found else None
+
+
 def _in_manifest(art: Artifact, manifest: Path) -> Path | None:
+    """The manifest entry a finished fetch of exactly this artifact wrote (kind, repo, revision, config)."""
     if not manifest.is_file():
         return None
     try:
@@ -221,17 +263,24 @@ def _in_manifest(art: Artifact, manifest: Path) -> Path | None:
         log.warning("%s is not valid JSON: ignored", manifest)
         return None
     for e in entries:
-        if e.get("kind") == art.kind and e.get("repo_id") == art.repo_id and e.get("config") in (None, art.config):
-            path = Path(e.get("path", ""))
-            path = path if path.is_absolute() else manifest.parent / path
-            if path.exists():
-                return path
+        if (e.get("kind"), e.get("repo_id"), e.get("config")) != (art.kind, art.repo_id, art.config):
+            continue
+        if art.revision and e.get("revision") not in (None, art.revision) and e.get("source") != "replica":
+            continue
+        if art.data_files and e.get("data_files") not in (None, art.data_files):
+            continue
+        path = Path(e.get("path") or "")
+        path = path if path.is_absolute() else manifest.parent / path
+        if e.get("path") and path.exists() and (e.get("source") == "replica" or e.get("status") != "missing"):
+            return path
     return None
 
 
 def locate(art: Artifact) -> str | None:
-    """Where a job will find `art` offline ("mirror: ...", "hub cache: ...", ...), or None."""
-    found = mirror.find(art.kind, art.repo_id)
+    """Where a job will find `art` offline ("mirror: ...", "hub cache: ...", ...), or None. Judged per
+    (repo, revision, config, files): one config of a repo on disk says nothing of the others, and a download
+    that did not finish is not there."""
+    found = mirror.find(art.kind, art.repo_id, config=art.config)
     if found is not None:
         return f"mirror: {found}"
     for where, fn in (("hub cache", _in_hub_cache), ("datasets cache", _in_datasets_cache)):
@@ -239,6 +288,8 @@ def locate(art: Artifact) -> str | None:
         if path is not None:
             return f"{where}: {path}"
     root = mirror.mirror_root()
+    if root is not None and mirror.incomplete(mirror.repo_dir(root, art.kind, art.repo_id)) not in (None, "not there"):
+        return None  # a partial copy in the mirror: its manifest entry (if any) does not vouch for it
     for manifest in ([root / MANIFEST] if root else []) + [cache_manifest_path()]:
         path = _in_manifest(art, manifest)
         if path is not None:

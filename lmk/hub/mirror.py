@@ -5,6 +5,9 @@ Layout (the same files as the hub repo, one folder per repo):
     <mirror>/datasets/<owner>/<name>/...     e.g. <mirror>/datasets/mteb/scifact/README.md + parquet files
     <mirror>/models/<owner>/<name>/...       e.g. <mirror>/models/answerdotai/ModernBERT-base/config.json
     <mirror>/lmk_manifest.json               what is there: repo id, revision, local path, who wrote it
+    <repo folder>/.lmk_complete.json         written LAST by a finished download or replica write: revision,
+                                             configs, every file with its size (a partial download has none)
+    <repo folder>/.lmk_incomplete            written FIRST by a download, removed by its completion
 
 `python -m lmk.prefetch ... --mirror DIR` fills it on a login node; `python -m lmk.eval.replicas --mirror DIR`
 writes small offline replicas of the paper's eval datasets in the same layout. A job finds the mirror through
@@ -29,6 +32,9 @@ from lmk.run.files import write_json
 ENV_VAR = "LMK_HUB_MIRROR"
 MANIFEST = "lmk_manifest.json"
 KINDS = ("dataset", "model")
+COMPLETE = ".lmk_complete.json"
+STARTED = ".lmk_incomplete"
+_HF_PARTIAL = ".cache/huggingface/download"  # huggingface_hub's local_dir download leaves *.incomplete here
 
 
 def configure(mirror: str | os.PathLike | None) -> Path | None:
@@ -55,13 +61,69 @@ def repo_dir(root: str | os.PathLike, kind: str, repo_id: str) -> Path:
     return Path(root) / f"{kind}s" / repo_id
 
 
-def find(kind: str, repo_id: str, root: str | os.PathLike | None = None) -> Path | None:
-    """The mirror folder of `repo_id` when it is there (a non-empty folder), else None."""
+def find(kind: str, repo_id: str, root: str | os.PathLike | None = None, config: str | None = None) -> Path | None:
+    """The mirror folder of `repo_id` when it holds a complete copy (with `config`, when given), else None."""
     base = mirror_root(root)
     if base is None or not is_repo_id(repo_id):
         return None
     folder = repo_dir(base, kind, repo_id)
-    return folder if folder.is_dir() and any(folder.iterdir()) else None
+    return folder if incomplete(folder, config) is None else None
+
+
+def _files(folder: Path) -> dict[str, int]:
+    return {p.relative_to(folder).as_posix(): p.stat().st_size for p in sorted(folder.rglob("*"))
+            if p.is_file() and p.name not in (COMPLETE, STARTED) and not p.relative_to(folder).as_posix()
+            .startswith(".cache/")}
+
+
+def mark_started(folder: str | os.PathLike, repo_id: str, revision: str | None) -> None:
+    """Before a download into `folder`: until `mark_complete`, the folder is not a copy (an interrupted one)."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / COMPLETE).unlink(missing_ok=True)
+    write_json(folder / STARTED, {"repo_id": repo_id, "revision": revision,
+                                  "started": time.strftime("%Y-%m-%dT%H:%M:%S")})
+
+
+def mark_complete(folder: str | os.PathLike, repo_id: str, revision: str | None, configs: list[str | None] | None = None,
+                  source: str = "download") -> Path:
+    """After every file of a repo copy is written: the completion marker (written last) lists each file with
+    its size and the `configs` it holds (None: the whole repo), so a truncated or half-written copy is told."""
+    folder = Path(folder)
+    write_json(folder / COMPLETE, {"repo_id": repo_id, "revision": revision, "source": source,
+                                   "configs": configs, "files": _files(folder)}, indent=1)
+    (folder / STARTED).unlink(missing_ok=True)
+    return folder / COMPLETE
+
+
+def incomplete(folder: str | os.PathLike, config: str | None = None) -> str | None:
+    """None when `folder` holds a complete repo copy (with `config` when given), else why it does not.
+
+    A folder with a completion marker is complete when every file it lists is there with its size and it
+    holds `config`; one without is a copy placed by hand, complete unless a download is under way in it
+    (the start marker, huggingface_hub's *.incomplete files)."""
+    folder = Path(folder)
+    if not folder.is_dir() or not any(folder.iterdir()):
+        return "not there"
+    if (folder / STARTED).exists():
+        return "a download into it started and did not finish"
+    if any((folder / _HF_PARTIAL).rglob("*.incomplete")):
+        return "huggingface_hub left partial files in it"
+    marker = folder / COMPLETE
+    if not marker.is_file():
+        return None
+    try:
+        meta = json.loads(marker.read_text())
+    except json.JSONDecodeError:
+        return f"{marker} is not valid JSON"
+    for rel, size in (meta.get("files") or {}).items():
+        path = folder / rel
+        if not path.is_file() or path.stat().st_size != size:
+            return f"{rel} is missing or truncated"
+    configs = meta.get("configs")
+    if config is not None and configs is not None and config not in configs:
+        return f"config {config!r} is not in it (it holds {', '.join(map(str, configs))})"
+    return None
 
 
 def read_manifest(root: str | os.PathLike) -> dict[str, Any]:
@@ -151,7 +213,7 @@ def apply_mirror(task: Any, root: str | os.PathLike | None = None) -> Path | Non
     """
     dataset = dict(task.metadata.dataset)
     repo = str(dataset.get("path", ""))
-    folder = find("dataset", repo, root)
+    folder = find("dataset", repo, root, dataset.get("name"))  # this task's config (LongEmbed: one of five)
     if folder is None:
         return None
     dataset["path"] = str(folder.resolve())

@@ -15,7 +15,16 @@ _BARE_ID = re.compile(r"^[A-Za-z0-9][\w.-]*$")  # a legacy hub id without owner 
 
 def hub_offline() -> bool:
     """True when the environment says the hub must not be contacted (never probes the network)."""
-    return any(os.environ.get(v, "").strip().lower() in _TRUE for v in OFFLINE_VARS)
+    return offline_setting() is not None
+
+
+def offline_setting() -> str | None:
+    """The first variable that makes us offline, as "NAME=value" (for messages), else None."""
+    for var in OFFLINE_VARS:
+        value = os.environ.get(var, "")
+        if value.strip().lower() in _TRUE:
+            return f"{var}={value}"
+    return None
 
 
 def is_repo_id(ref: Any, bare: bool = False) -> bool:

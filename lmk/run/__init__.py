@@ -1,6 +1,7 @@
 """Run infrastructure: what every command needs around its work, below the model and the data.
 
     results.py  <run_dir>/results.json (merged, atomic), config hash, git commit, timings
+    environment.py  requirements.lock: its hash and what the installed environment differs in (results.json)
     files.py    atomic JSON writes, umask-following permissions, the lmk cache folder
     lock.py     one live owner per run folder (run.lock), finished-folder reuse
     loggers.py  W&B (offline without credentials, never fatal) + CSV; quiet console logging

@@ -17,6 +17,7 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from lmk.run.environment import environment_info
 from lmk.run.files import write_json
 
 RESULTS_FILE = "results.json"
@@ -50,6 +51,14 @@ def update_results(run_dir: str | os.PathLike, *, fresh: bool = False, **section
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     merged = _deep_merge({} if fresh else read_results(run_dir), sections)
+    # every results.json names the environment lock it was computed under (and what differed from it);
+    # a later writer under another lock is recorded beside the first, never in its place
+    env = environment_info()
+    first = merged.setdefault("environment", dict(env))
+    if first.get("lock") != env.get("lock") or first.get("differs_from_lock") != env.get("differs_from_lock"):
+        others = first.setdefault("also_written_under", [])
+        if env not in others:
+            others.append(env)
     merged["updated_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     write_json(run_dir / RESULTS_FILE, merged)  # atomic: a crash mid-write never truncates results.json
     return merged

@@ -75,8 +75,10 @@ def prepare(scale: Scale, out: Path, dry_run: bool = False) -> Path | None:
     sizes = _sizes(replicas)
     tasks = [t for t in suite_tasks(scale) if t in REPLICAS]
     repos = {t: str(task_dataset(t)["path"]) for t in tasks}
-    # whole repos only: write_replicas rewrites a repo folder, so every task sharing a missing repo is written
-    todo = [t for t in tasks if mirror.find("dataset", repos[t], root) is None]
+    # judged per (repo, config): LongEmbed's five configs share one repo. write_replicas rewrites a repo
+    # folder whole, so every suite task of a repo with a config missing is written
+    lacking = {repos[t] for t in tasks if mirror.find("dataset", repos[t], root, task_dataset(t).get("name")) is None}
+    todo = [t for t in tasks if repos[t] in lacking]
     if todo and not dry_run:
         print(f"[lmk.sweep] hub mirror {root}: writing replicas of {', '.join(todo)}", flush=True)
         write_replicas(root, todo, sizes)

@@ -56,6 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scale", default="paper")
     parser.add_argument("--mirror", default=None, help="a folder mirror (default: the Hugging Face cache)")
     parser.add_argument("--dry-run", action="store_true", help="list what would be fetched and what is on disk")
+    parser.add_argument("--keep-going", action="store_true", help="after a failed download, fetch the others "
+                        "(the failures are named at the end; a rerun fetches only what is missing)")
     parser.add_argument("--out", default=None, help="the sweep folder a relative hub_mirror path is under "
                         "(default outputs/<table>/<scale>, as lmk.sweep)")
     args = parser.parse_args(argv)
@@ -64,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         return replicated
     arts = scale_artifacts(args.spec, args.scale)
     print(f"[lmk.prefetch] scale {args.scale!r}: {len(arts)} artifacts", flush=True)
-    entries = prefetch(arts, args.mirror, dry_run=args.dry_run)
+    entries = prefetch(arts, args.mirror, dry_run=args.dry_run, keep_going=args.keep_going)
     missing = [e for e in entries if e["status"] == "missing"]
     if args.dry_run:
         print(f"[lmk.prefetch] dry run: {len(missing)} of {len(entries)} not on disk")

@@ -27,6 +27,7 @@ from scipy.stats import ttest_rel
 
 from lmk.run.files import write_json
 from lmk.run.results import STATUS_DONE, read_results
+from lmk.sweep.provenance import provenance_lines
 from lmk.sweep.spec import Column, Row, TableSpec, load_spec
 
 log = logging.getLogger(__name__)
@@ -397,14 +398,15 @@ def aggregate(spec_path: str | Path, scale: str, out: str | Path, with_optional:
     stem = out / spec.name
     paths = {"md": stem.with_suffix(".md"), "tex": stem.with_suffix(".tex"), "csv": stem.with_suffix(".csv"),
              "json": stem.with_suffix(".json"), "png": stem.with_suffix(".png")}
-    paths["md"].write_text(to_markdown(table))
+    provenance = provenance_lines(out)  # the lock and data fingerprints the rows were computed with
+    paths["md"].write_text(to_markdown(table) + "".join(f"{line}\n" for line in provenance))
     paths["tex"].write_text(to_latex(table))
     records = to_rows(table)
     with open(paths["csv"], "w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=list(records[0]) if records else ["row"])
         writer.writeheader()
         writer.writerows(records)
-    write_json(paths["json"], {"spec": str(spec_path), "scale": scale, "cells": records})
+    write_json(paths["json"], {"spec": str(spec_path), "scale": scale, "cells": records, "provenance": provenance})
     plot(table, paths["png"])
     return table, paths
 

@@ -1,0 +1,128 @@
+"""Content fingerprints of every data set the offline scales generate or replicate, pinned and printed.
+
+The rehearsal and mini scales read no downloaded data: their training pairs (`lmk.data.offline_pairs`, the
+`cfli/bge-full-data` replica of `lmk.data.replica`), eval replicas (`lmk.eval.replicas`) and local tasks
+(passkey / needle of `lmk.data.longembed`, the long documents of `lmk.data.longdocs`) are built here, some
+from the text of installed packages (the standard library, numpy, scipy, pandas, scikit-learn). Two machines
+get the same table only when they build the same data, so:
+
+- `fingerprints()` hashes the CONTENT of each set (ids, texts, qrels, rows) at the sizes the scales use;
+- `environment()` lists what that content is read from (Python, the text packages' versions, the lock);
+- `lmk/resources/data_fingerprints.json` pins both (tests/test_fingerprints.py compares);
+- the table prints, per sweep, the replicas' content revisions and each row's environment.
+
+Reading a difference: same environment fingerprint + other data fingerprint = the code changed; another
+environment fingerprint = your environment differs (`python -m lmk.run.environment check` says how).
+
+    python -m lmk.eval.fingerprints          # computes every fingerprint and compares with the pinned ones
+    python -m lmk.eval.fingerprints --pin    # rewrites the pinned file (after an intended change)
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from lmk.config.eval import LENGTHS
+from lmk.data import longembed, offline_pairs, replica
+from lmk.eval.replicas import REPLICAS, Sizes, _content_hash, _eval_split
+from lmk.hub import mirror
+from lmk.run.environment import lock_hash
+
+PINNED = "data_fingerprints.json"
+# The sets whose content is read from installed packages (the others come from lmk/resources only).
+FROM_PACKAGES = ("offline-pairs", "bge-full-data-replica", "replica:SciFact", "replica:MSMARCO", "replica:ArguAna",
+                 "replica:CQADupstackUnixRetrieval", "replica:AppsRetrieval", "replica:MultiLongDocRetrieval",
+                 "replica:LEMBNarrativeQARetrieval", "replica:LEMBQMSumRetrieval",
+                 "replica:LEMBSummScreenFDRetrieval", "replica:LEMBWikimQARetrieval")
+
+
+def environment() -> dict[str, Any]:
+    """What the generated content is read from: Python (its standard library), the text packages, the lock."""
+    return {"versions": offline_pairs._versions(offline_pairs.DEFAULT_PACKAGES), "lock": lock_hash()}
+
+
+def environment_fingerprint(env: dict[str, Any] | None = None) -> str:
+    env = environment() if env is None else env
+    return hashlib.sha256(json.dumps(env["versions"], sort_keys=True).encode()).hexdigest()[:12]
+
+
+def _rows_hash(folder: Path) -> str:
+    """A hash of a BGE-layout folder's rows (not its bytes: parquet metadata may name the writer)."""
+    h = hashlib.sha256()
+    for path in sorted((folder / "data").glob("*.parquet")):
+        h.update(path.name.split("-", 1)[0].encode())
+        for row in pq.read_table(path).to_pylist():
+            h.update(json.dumps(row, sort_keys=True).encode())
+    return h.hexdigest()[:16]
+
+
+def fingerprints(sizes: Sizes | None = None) -> dict[str, str]:
+    """{set name: content fingerprint} of every generated set at the sizes the offline scales use: the
+    training pairs, the bge-full-data replica, each eval replica (the rehearsal's `hub_mirror.replicas`) and
+    the mini suite's passkey / needle sets (all `LENGTHS`)."""
+    sizes = sizes or Sizes()
+    out = {"offline-pairs": _rows_hash(offline_pairs.ensure_offline_pairs()),
+           "bge-full-data-replica": _rows_hash(replica.replica_folder("bge-full-data"))}
+    for name, rep in REPLICAS.items():
+        built = rep.splits(sizes)
+        out[f"replica:{name}"] = _content_hash({_eval_split(name, s): rc for s, rc in built.items()})
+    out["local:passkey"] = longembed.fingerprint(longembed.generate_passkey(LENGTHS))
+    out["local:needle"] = longembed.fingerprint(longembed.generate_needle(LENGTHS))
+    return out
+
+
+def pinned() -> dict[str, Any]:
+    """The pinned record: {"environment": {...}, "environment_fingerprint": ..., "data": {name: fp}}."""
+    return json.loads(resources.files("lmk").joinpath(f"resources/{PINNED}").read_text())
+
+
+def compare(current: dict[str, str], env_fp: str, pins: dict[str, Any] | None = None) -> list[str]:
+    """One line per set whose fingerprint differs from the pinned one, saying which cause it points to."""
+    pins = pinned() if pins is None else pins
+    same_env = env_fp == pins["environment_fingerprint"]
+    out = []
+    for name, fp in sorted(current.items()):
+        want = pins["data"].get(name)
+        if want == fp:
+            continue
+        cause = "the code changed" if same_env or name not in FROM_PACKAGES else "your environment differs"
+        out.append(f"{name}: {fp}, pinned {want} ({cause})")
+    return out
+
+
+def mirror_revisions(root: Path) -> dict[str, str]:
+    """{repo: revision} of the replicas a mirror's manifest records (their revision is their content hash)."""
+    return {e["repo_id"]: e["revision"] for e in mirror.read_manifest(root)["artifacts"]
+            if e.get("source") == "replica"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m lmk.eval.fingerprints", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pin", action="store_true", help=f"rewrite lmk/resources/{PINNED}")
+    args = parser.parse_args(argv)
+    env = environment()
+    current = fingerprints()
+    if args.pin:
+        path = Path(__file__).resolve().parents[1] / "resources" / PINNED
+        record = {"environment": env, "environment_fingerprint": environment_fingerprint(env), "data": current}
+        path.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+        print(f"pinned {len(current)} fingerprints in {path}")
+        return 0
+    print(f"environment {environment_fingerprint(env)} (pinned {pinned()['environment_fingerprint']}): {env}")
+    for name, fp in sorted(current.items()):
+        print(f"  {name:<40} {fp}")
+    diff = compare(current, environment_fingerprint(env))
+    print("every fingerprint matches the pinned one" if not diff else "differ:\n  " + "\n  ".join(diff))
+    return 1 if diff else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
