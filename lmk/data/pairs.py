@@ -37,6 +37,7 @@ import datasets
 import pyarrow.parquet as pq
 
 from lmk.config.data import LOCAL_SOURCE, REPLICA_PREFIX, SourceConfig
+from lmk.config.schema import UserError
 from lmk.data import offline_pairs, replica
 from lmk.run.files import write_json
 
@@ -56,7 +57,7 @@ STATS_VERSION = 2  # part of the Arrow cache key: copies made before read counts
 _FORMAT_HINT = 'expected one JSON object per line like {"query": str, "pos": [str, ...], "neg": [str, ...]}'
 
 
-class PairDataError(ValueError):
+class PairDataError(UserError, ValueError):
     """A training record (or file) that cannot be used; the message names the file and line."""
 
 
@@ -194,7 +195,7 @@ def iter_records(
             out = normalize_record(rec, where)
         except PairDataError as err:
             if not skip_bad_rows:
-                raise PairDataError(f"{err} (set skip_bad_rows: true to skip bad rows)") from None
+                raise PairDataError(str(err), fix="correct that row, or set data.skip_bad_rows=true to skip bad rows") from None
             stats.skip(str(err))
             continue
         stats.rows += 1

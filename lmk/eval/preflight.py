@@ -11,6 +11,7 @@ from typing import Any
 
 from lmk.config.data import LOCAL_SOURCE as LOCAL_DATA
 from lmk.config.data import is_named_source
+from lmk.config.schema import UserError
 from lmk.config.schema import get_key as _get
 from lmk.eval.suites import check_task_names
 from lmk.hub import mirror
@@ -18,7 +19,7 @@ from lmk.hub.artifacts import _plain, _sources, check_available
 from lmk.hub.offline import is_hub_id
 
 
-class PreflightError(ValueError):
+class PreflightError(UserError, ValueError):
     """A job config names a data path that does not exist or an eval task that does not resolve."""
 
 

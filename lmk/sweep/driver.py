@@ -27,6 +27,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -145,18 +146,35 @@ def _run_training_blocks(sweep: Sweep, hub: list[str]) -> tuple[int, int | None]
     return failures, None
 
 
+def _table_to_wandb(sweep: Sweep, table: Any) -> None:
+    """With W&B on for the sweep's runs, the table also goes to a run of their group (one line says where)."""
+    # fast path: wandb loads only once the sweep ran with it
+    from lmk.sweep.wandb_table import log_table, sweep_wandb
+
+    info = sweep_wandb(sweep.out)
+    if info is None:
+        return
+    where = log_table(table, sweep.spec.name, sweep.out, info)
+    if where and info["mode"] == "offline":
+        print(f"[lmk.sweep] W&B offline: the table is in {where}; upload with `wandb sync {where}`")
+    elif where:
+        print(f"[lmk.sweep] W&B: the table is in {where}")
+
+
 def _build_table(sweep: Sweep, started: float, failures: int) -> int:
     # fast path: matplotlib and the tables load only once the sweep ran
-    from lmk.sweep.tables import aggregate
+    from lmk.sweep.tables import aggregate, table_commits
 
     try:
-        _, paths = aggregate(sweep.args.spec, sweep.args.scale, sweep.out, sweep.args.with_optional)
+        table, paths = aggregate(sweep.args.spec, sweep.args.scale, sweep.out, sweep.args.with_optional)
     except FileNotFoundError as exc:
         print(f"[lmk.sweep] {exc}", file=sys.stderr)
         return 1
     print(paths["md"].read_text())
+    _table_to_wandb(sweep, table)
     minutes = (time.time() - started) / 60
-    print(f"[lmk.sweep] table written to {paths['md']} (+ .tex .csv .json .png); wall time {minutes:.1f} min")
+    print(f"[lmk.sweep] table written to {paths['md']} (+ .tex .csv .json .png); commit "
+          f"{', '.join(table_commits(table)) or '?'}; wall time {minutes:.1f} min")
     return 1 if failures else 0
 
 

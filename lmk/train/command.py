@@ -20,7 +20,7 @@ import hydra
 from omegaconf import DictConfig
 
 from lmk.config import CONF_DIR, ConfigError, RootConfig, validate
-from lmk.run.cli import run_app
+from lmk.run.cli import run_app, user_errors
 
 
 def validate_job(cfg: Any) -> RootConfig:
@@ -50,6 +50,7 @@ def run(cfg: DictConfig) -> float | None:
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")
+@user_errors  # a user error: two lines on the console (lmk.run.cli), not Hydra's trace
 def main(cfg: DictConfig) -> float | None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # dataloader workers fork after tokenizing
     return run(cfg)
