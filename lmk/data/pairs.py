@@ -202,6 +202,27 @@ def iter_records(
         yield out
 
 
+# Files up to this size are read once before the model is built (`precheck_rows`): a bad row then fails in
+# seconds, not after the model load. Larger files are checked as they are read.
+PRECHECK_MAX_BYTES = 64 * 2**20
+
+
+def precheck_rows(data: Mapping[str, Any]) -> None:
+    """Validate every row of the local training files of `data` (the data config) that are small enough, before
+    anything is built; PairDataError at the first bad row (as the load would raise), unless skip_bad_rows."""
+    if data.get("skip_bad_rows") or data.get("streaming"):
+        return
+    max_rows = data.get("max_rows")
+    for raw in data.get("sources") or []:
+        source = SourceConfig.coerce(raw)
+        if not _is_file_source(source) or not Path(source.path).expanduser().is_file():
+            continue  # folders, hub ids and named sources: checked where they are read
+        path = Path(source.path).expanduser()
+        if path.stat().st_size <= PRECHECK_MAX_BYTES:
+            for _ in iter_records(iter_raw(path), False, max_rows, ReadStats()):
+                pass
+
+
 # -------------------------------------------------------------------------------------- sources
 def resolve_source(
     source: SourceConfig | Mapping[str, Any] | str, *, max_rows: int | None = None, cache_dir: str | None = None

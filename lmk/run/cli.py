@@ -4,7 +4,7 @@ non-zero exit (the full trace with HYDRA_FULL_ERROR=1 or LMK_DEBUG=1); any other
 Every lmk error about user input derives from `lmk.config.UserError` (ConfigError, PairDataError,
 MissingArtifactsError, PreflightError, RunFolderBusy, SpecError, ...). `run_app` (every Hydra entry point:
 `python -m lmk.train`, `lmk-train`, `lmk-evaluate`, ...) and `guard` (argparse commands) report them; the
-task function's `user_errors` wrapper keeps Hydra from printing its "Error executing job" banner and trace for
+task function's `hydra_task` wrapper keeps Hydra from printing its "Error executing job" banner and trace for
 one, and under a multirun (local, submitit, SLURM) lets it fail the job, so the row sweeper records its line. Hydra's own composition errors (a key that is not in the config, a missing group option) span
 several lines: its advice to append with `+` (wrong for a typo), OmegaConf's full_key / object_type and
 the config search path. `run_app` composes the command line once with Hydra's compose API before the app
@@ -29,6 +29,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from lmk.config import CONF_DIR
 from lmk.config.schema import UserError, is_user_error
+from lmk.run.console import job_log_file, job_output
 
 log = logging.getLogger(__name__)
 # run_app sets HYDRA_FULL_ERROR=1 for Hydra itself (so that it raises instead of printing) and marks it as its
@@ -78,19 +79,23 @@ def _multirun() -> bool:
         return False
 
 
-def user_errors(task: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    """Wrap a Hydra task function (under `@hydra.main`): a user error of a single run is kept for `run_app` to
-    report after Hydra closed the run (no banner, no trace); in a multirun it fails the job as usual."""
+def hydra_task(task: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """Wrap a Hydra task function (under `@hydra.main`). In a multirun (a sweep's job) the job's own output goes to
+    its log file (`lmk.run.console.job_output`: the row sweeper prints its lines). A user error of a single run is
+    kept for `run_app` to report after Hydra closed the run (no banner, no trace); in a multirun it fails the job
+    as usual, and the row sweeper prints its line."""
 
     @functools.wraps(task)
     def wrapped(cfg: Any) -> Any:
+        multirun = _multirun()
         try:
-            return task(cfg)
+            with job_output(job_log_file() if multirun else None):
+                return task(cfg)
         except Exception as err:
             if not is_user_error(err) or full_errors():
                 raise
             _to_log_files(err)
-            if _multirun():
+            if multirun:
                 raise
             _PENDING.append(err)
             return None

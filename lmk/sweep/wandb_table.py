@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import warnings
 from pathlib import Path
 from typing import Any
 
 import wandb
 
+from lmk.run.console import verbose
 from lmk.sweep.tables import Table, _fmt, caption, short_commit
 
 log = logging.getLogger(__name__)
@@ -65,6 +67,8 @@ def cell_summary(table: Table) -> dict[str, float]:
 def log_table(table: Table, name: str, out: str | Path, info: dict[str, Any]) -> str | None:
     """Log `table` as a W&B Table named `name` in a run of `info`'s group (mode / project / group of the sweep's
     runs); returns the offline run folder (to sync) or the run's URL, None when W&B failed (a warning)."""
+    if not verbose():
+        os.environ.setdefault("WANDB_SILENT", "true")  # wandb's banners: the sweep prints the one line that matters
     try:
         run = wandb.init(project=info.get("project") or "lmk", group=info.get("group"), job_type="table",
                          name=f"{name}-table", dir=str(out), mode=info.get("mode") or "offline",
