@@ -241,7 +241,7 @@ class RowSweeper(Sweeper):
         plan_log = log.info if self.dry_run or verbose() else log.debug
         for j in jobs:
             if j["skip"]:
-                print_line(f"row {j['job']}: skipped (done with the same config) -> {j['job_dir']}")
+                print_line(f"row {j['job']}: skip (done, same config) -> {j['job_dir']}")
             plan_log("row %-16s %s  %s", j["job"], "skip (done, same config)" if j["skip"] else "run ",
                      " ".join(j["overrides"]))
             batch = j["effective_batch"]
