@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from lmk.run.cli import error_line, error_lines
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "WANDB_MODE": "disabled"}
@@ -77,3 +80,62 @@ def test_hydra_composition_error_is_one_line(tmp_path: Path, module: str, overri
     assert "To append to your config" not in proc.stderr  # Hydra's advice, wrong for a typo
     full = run(module, *args, env={**ENV, "HYDRA_FULL_ERROR": "1"})  # Hydra's own report, in full
     assert full.returncode != 0 and "Traceback" in full.stderr
+
+
+# A user error (lmk.config.UserError) through every entry point: what is wrong and the fix, no traceback.
+BAD_ROW = "bad-row"
+ERRORS = {  # the error -> (overrides, what the message names); each fails before the model loads
+    BAD_ROW: (["experiment=tiny", "data.max_rows=null"], "'query' is int (3), not a string"),
+    "model-path": (["experiment=tiny", "encoder.source=hub", "+encoder.model_id=/nonexistent/model"],
+                   "/nonexistent/model"),
+    "hub-task": (["experiment=tiny", "eval=table2-tiny", "eval.tasks=[SciFact]", "~eval.groups"], "mteb/scifact"),
+    "eval-model-path": (["model=/nonexistent/model", "eval=table2-tiny"], "/nonexistent/model"),
+    "eval-hub-task": (["model=null", "encoder=tiny-modernbert", "pooling=cls", "eval=table2-tiny",
+                       "eval.tasks=[SciFact]", "~eval.groups"], "mteb/scifact"),
+}
+SCRIPTS = {"lmk.train": "lmk-train", "lmk.evaluate": "lmk-evaluate"}
+
+
+@pytest.mark.parametrize(("entry", "error"), [
+    ("python -m lmk.train", BAD_ROW), ("python -m lmk.train", "model-path"), ("python -m lmk.train", "hub-task"),
+    ("lmk-train", BAD_ROW), ("python -m lmk.evaluate", "eval-model-path"), ("lmk-evaluate", "eval-hub-task"),
+])
+def test_user_error_is_what_and_fix_through_every_entry_point(tmp_path: Path, entry: str, error: str) -> None:
+    overrides, names = ERRORS[error]
+    if error == BAD_ROW:
+        pairs = tmp_path / "pairs.jsonl"
+        pairs.write_text('{"query": "a", "pos": ["b"]}\n{"query": 3, "pos": ["b"]}\n')
+        overrides = [*overrides, f"data.sources=[{{path:'{pairs}'}}]"]
+    module = entry.split()[-1] if entry.startswith("python") else next(m for m, s in SCRIPTS.items() if s == entry)
+    cmd = [sys.executable, "-m", module] if entry.startswith("python") else [str(Path(sys.executable).parent / entry)]
+    proc = subprocess.run([*cmd, *overrides, f"hydra.run.dir={tmp_path / 'run'}"], cwd=ROOT, env=ENV,
+                          capture_output=True, text=True, timeout=600)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode != 0 and len(lines) <= 3, proc.stderr
+    assert lines[-2].startswith("Error: ") and names in lines[-2] and lines[-1].startswith("Fix: "), proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout and 'File "' not in proc.stderr + proc.stdout
+
+
+def test_user_error_keeps_what_and_fix_through_pickling() -> None:
+    # a sweep's job under submitit sends its exception back pickled: the row's line must not change
+    from lmk.config import ConfigError, UserError
+    from lmk.data.pairs import PairDataError
+    from lmk.hub.artifacts import MissingArtifactsError
+
+    err = PairDataError("f.jsonl:2: 'query' is int (3); not a string", fix="correct that row")
+    back = pickle.loads(pickle.dumps(err))
+    assert (back.what, back.fix) == ("f.jsonl:2: 'query' is int (3); not a string", "correct that row")
+    assert isinstance(back, UserError) and isinstance(back, ValueError)
+    house = ConfigError("pooling.chunk_size='abc' is not valid; allowed values: an integer")
+    assert (house.what, house.fix) == ("pooling.chunk_size='abc' is not valid", "allowed values: an integer")
+    report = MissingArtifactsError("offline and not on disk:\n  dataset x\nLooked in: y. Fix: run make prefetch")
+    assert report.what == "offline and not on disk:\n  dataset x\nLooked in: y" and report.fix == "run make prefetch"
+    assert error_lines(report) == ["Error: offline and not on disk: dataset x Looked in: y", "Fix: run make prefetch"]
+    assert error_line(RuntimeError("boom\nbang")) == "RuntimeError: boom bang"  # not a user error: type named
+
+
+def test_user_error_traceback_on_request(tmp_path: Path) -> None:
+    overrides, names = ERRORS["eval-model-path"]
+    args = [sys.executable, "-m", "lmk.evaluate", *overrides, f"hydra.run.dir={tmp_path / 'run'}"]
+    debug = subprocess.run(args, cwd=ROOT, env={**ENV, "LMK_DEBUG": "1"}, capture_output=True, text=True, timeout=600)
+    assert debug.returncode != 0 and "Traceback" in debug.stderr and names in debug.stderr

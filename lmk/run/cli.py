@@ -173,6 +173,8 @@ def run_app(app: Callable[[], Any], config_name: str) -> None:
     """Run a `@hydra.main` app: a command line that does not compose exits 1 with one line on stderr, a user error
     (`lmk.config.UserError`) anywhere in the run exits 1 with its two lines; other errors keep their traceback."""
     if full_errors():
+        os.environ["HYDRA_FULL_ERROR"] = "1"  # LMK_DEBUG=1 asks Hydra for the full trace too
+        os.environ.pop(_OWN_FULL_ERROR, None)
         app()
         return
     error = composition_error(config_name, sys.argv[1:])

@@ -31,9 +31,11 @@ from typing import Any
 
 import yaml
 
+from lmk.config import UserError
+from lmk.run.cli import full_errors, report
 from lmk.sweep.eval_stage import run_stage
 from lmk.sweep.jobs import Block, job_id, train_block, zeroshot_block
-from lmk.sweep.spec import Row, Scale, SpecError, TableSpec, load_spec, validate_spec
+from lmk.sweep.spec import Row, Scale, TableSpec, load_spec, validate_spec
 
 # Each entry point's check before compute, run by the row sweeper on every job before the sweep launches.
 VALIDATORS = {"lmk.train": "lmk.train.command.validate_job", "lmk.evaluate": "lmk.eval.command.validate_config"}
@@ -187,10 +189,10 @@ def main(argv: list[str] | None = None) -> int:
 
         # the scale's hub mirror, filled before any job starts; every job reads it (hub.mirror)
         mirror_dir = prepare(sweep.scale, sweep.out, sweep.args.dry_run) if sweep.args.stage != "table" else None
-    except SpecError as exc:
-        if os.environ.get("HYDRA_FULL_ERROR") == "1":  # the full trace on request, as Hydra does
+    except UserError as exc:  # a bad spec, scale or mirror: what is wrong and the fix (lmk.run.cli)
+        if full_errors():  # the full trace on request (HYDRA_FULL_ERROR=1 or LMK_DEBUG=1)
             raise
-        print(f"[lmk.sweep] {exc}", file=sys.stderr)
+        report(exc)
         return 2
     args = sweep.args
     print(f"[lmk.sweep] {sweep.spec.name} at scale {args.scale!r}: {len(sweep.rows)} rows -> {sweep.out}", flush=True)

@@ -41,6 +41,10 @@ class MixedResultsError(UserError, ValueError):
     """Two results files claim one row with different configs."""
 
 
+class NoResultsError(UserError, FileNotFoundError):
+    """A sweep folder without any results.json (the sweep has not run there)."""
+
+
 @dataclass
 class RunRecord:
     row: str
@@ -422,7 +426,7 @@ def aggregate(spec_path: str | Path, scale: str, out: str | Path, with_optional:
         except Exception as exc:  # W&B is a bonus source: never fail the table on it
             log.warning("could not read W&B group %s: %s", wandb_group, exc)
     if not any(runs.values()):
-        raise FileNotFoundError(f"no results.json under {out}; run `make reproduce-table2 SCALE={scale}` first")
+        raise NoResultsError(f"no results.json under {out}; run `make reproduce-table2 SCALE={scale}` first")
     table = build_table(spec, scale, runs, spec.rows_for(spec.scale(scale), with_optional))
     stem = out / spec.name
     paths = {"md": stem.with_suffix(".md"), "tex": stem.with_suffix(".tex"), "csv": stem.with_suffix(".csv"),
