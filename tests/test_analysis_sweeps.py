@@ -139,7 +139,7 @@ def test_notebook_uses_the_latest_sweep_and_plots_score_vs_length(sweeps, tmp_pa
     assert nbr.main([*argv, str(notebook)]) == 0
     executed = nbr.read(out / notebook.name)
     text = "".join(o.get("text", "") for c in executed.cells if c.cell_type == "code" for o in c.outputs)
-    assert "Models (trained): trained runs of " + str(root / "mini") in text
+    assert "Using the mini sweep, 2 trained runs: scale 'mini'" in text and str(root / "mini") in text
     figs = sorted(p.name for p in (out / f"{notebook.stem}_figures").glob("*.png"))
     assert "score_vs_length.png" in figs and len(figs) == 5
 

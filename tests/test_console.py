@@ -32,7 +32,8 @@ def test_train_with_eval_prints_each_event_once(tmp_path: Path) -> None:
     # A real fit + an mteb evaluation (passkey only: no offline training set to build) + export.
     proc = run("lmk.train", "experiment=tiny", f"hydra.run.dir={run_dir}", f"data.sources=[{{path:'{pairs}'}}]",
                "data.max_rows=null", "eval=table2-tiny", "eval.tasks=[LocalPasskey]",
-               "~eval.groups.local-short", "trainer.max_steps=2")
+               "~eval.groups.local-short", "trainer.max_steps=2", "trainer.enable_progress_bar=true",
+               "eval.show_progress=true")
     console = proc.stdout + proc.stderr
     assert proc.returncode == 0, console[-3000:]
     for line in ("Seed set to 0", "GPU available:", "`Trainer.fit` stopped"):
@@ -41,6 +42,10 @@ def test_train_with_eval_prints_each_event_once(tmp_path: Path) -> None:
     assert "Standardizing text corpus format" not in console  # mteb's per-task dataset map bar
     assert "Writing model shards" not in console               # one shard: seconds of work
     assert "eval LocalPasskey: ndcg_at_1=" in console          # lmk's own events stay on the console
+    (task_line,) = [line for line in console.splitlines() if "eval LocalPasskey:" in line]  # one line per task
+    assert " in " in task_line and "texts/s" in task_line          # its score, time and speed
+    assert "Epoch 0/-" not in console and "step 2/2 (100%)" in console  # lmk's progress line, right totals
+    assert "Searching corpus chunks" not in console and "Generating train split" not in console
     # mteb's step-by-step INFO lines reach the run's log file, not the console.
     assert "Running retrieval task" not in console
     assert "Running retrieval task" in (run_dir / "train.log").read_text()
@@ -139,3 +144,10 @@ def test_user_error_traceback_on_request(tmp_path: Path) -> None:
     args = [sys.executable, "-m", "lmk.evaluate", *overrides, f"hydra.run.dir={tmp_path / 'run'}"]
     debug = subprocess.run(args, cwd=ROOT, env={**ENV, "LMK_DEBUG": "1"}, capture_output=True, text=True, timeout=600)
     assert debug.returncode != 0 and "Traceback" in debug.stderr and names in debug.stderr
+
+
+def test_progress_line_says_step_total_loss_speed_and_eta() -> None:
+    from lmk.train.progress import progress_line
+
+    assert progress_line(40, 200, 1.23456, 2.0, "cls: ") == "cls: step 40/200 (20%) | loss 1.235 | 2 steps/s | ETA 1m20s"
+    assert progress_line(3, None, None, None) == "step 3"  # no max_steps: no total, no ETA
