@@ -92,10 +92,8 @@ def hydra_task(task: Callable[[Any], Any]) -> Callable[[Any], Any]:
             with job_output(job_log_file() if multirun else None):
                 return task(cfg)
         except Exception as err:
-            if not is_user_error(err) or full_errors():
-                raise
-            _to_log_files(err)
-            if multirun:
+            _to_log_files(err)  # the job's log file keeps every error with its traceback
+            if not is_user_error(err) or full_errors() or multirun:
                 raise
             _PENDING.append(err)
             return None

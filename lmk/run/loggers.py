@@ -193,6 +193,12 @@ class SafeWandbLogger(WandbLogger):
 
     broken: bool = False
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Lightning always passes `anonymous` (None); wandb warns that the setting has no effect
+        if self._wandb_init.get("anonymous") is None:
+            self._wandb_init.pop("anonymous", None)
+
     def _guard(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         if self.broken:
             return None

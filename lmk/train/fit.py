@@ -123,7 +123,7 @@ def build_trainer(typed: RootConfig, cfg: DictConfig, run_dir: Path, callbacks: 
     # job always shows it (its other output goes to the log file)
     if kwargs.pop("enable_progress_bar", True) or redirected():
         row = cfg.get("row")
-        callbacks = [*callbacks, LineProgress(label=f"{row}: " if row else "")]
+        callbacks = [LineProgress(label=f"{row}: " if row else ""), *callbacks]  # its last line before the eval
     kwargs["enable_progress_bar"] = False
     kwargs.setdefault("default_root_dir", str(run_dir))
     plugins = cluster_plugins()  # submitit's local executor started the ranks: Lightning must not spawn
