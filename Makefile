@@ -26,7 +26,7 @@ help:
 	@echo "make replicas MIRROR=dir         offline replicas of the paper's eval datasets (hub layout)"
 	@echo "make test | test-slow | lint     tests (fast / slow) and ruff"
 	@echo "make lock                        refresh requirements.lock (the full pinned environment)"
-	@echo "make notebooks | bench           execute notebooks / run benchmarks"
+	@echo "make notebooks [SCALE=...] | bench  execute notebooks (best sweep present, or SCALE's) / benchmarks"
 	@echo "make rehearse-nodes [NODES=2]    one rehearsal row as a multi-node SLURM job on this machine"
 	@echo "make gpu-check                   paper-shaped step + encode tokens/s + rehearsal row on a GPU (JSON)"
 
@@ -76,8 +76,11 @@ prefetch: install
 replicas: install
 	$(PY) -m lmk.eval.replicas --mirror $(or $(MIRROR),$(OUT)/hub-mirror)
 
+# The notebook analyses the most meaningful sweep present (paper > mini > rehearsal > tiny); SCALE=... on the
+# command line (or in the environment) names one instead (SCALE's default `mini` is for the sweep targets).
+NB_SCALE := $(if $(filter command line environment,$(origin SCALE)),--param scale=$(SCALE),)
 notebooks: install
-	$(PY) -m lmk.notebooks --out $(OUT)/notebooks --param table2_root=$(abspath $(OUT))/table2 $(if $(THREADS),--threads $(THREADS),)
+	$(PY) -m lmk.notebooks --out $(OUT)/notebooks --param table2_root=$(abspath $(OUT))/table2 $(NB_SCALE) $(if $(THREADS),--threads $(THREADS),)
 
 bench: install
 	$(PY) -m benchmarks.run --size full --out $(OUT)/bench

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -138,6 +139,49 @@ def test_notebook_uses_the_latest_sweep_and_plots_score_vs_length(sweeps, tmp_pa
     assert nbr.main([*argv, str(notebook)]) == 0
     executed = nbr.read(out / notebook.name)
     text = "".join(o.get("text", "") for c in executed.cells if c.cell_type == "code" for o in c.outputs)
-    assert "Models (trained): trained runs of " + str(root / "mini") in text
+    assert "Using the mini sweep, 2 trained runs: scale 'mini'" in text and str(root / "mini") in text
     figs = sorted(p.name for p in (out / f"{notebook.stem}_figures").glob("*.png"))
     assert "score_vs_length.png" in figs and len(figs) == 5
+
+
+def _fake_run(sweep: Path, row: str, mtime: float, status: str = "done") -> None:
+    """A run folder as the sweep picker sees it (results.json + a checkpoint file); nothing is loaded."""
+    run = sweep / "train" / row
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "last.ckpt").write_bytes(b"")
+    (run / "results.json").write_text(json.dumps({"status": status, "config": {"row": row}}))
+    os.utime(run / "results.json", (mtime, mtime))
+
+
+def test_notebook_picks_the_most_meaningful_scale_not_the_latest(tmp_path: Path) -> None:
+    root = tmp_path / "table2"
+    _fake_run(root / "mini", "cls", mtime=1_000)
+    _fake_run(root / "rehearsal", "cls", mtime=2_000)   # newer, but random weights: its numbers mean nothing
+    _fake_run(root / "tiny", "cls", mtime=3_000)
+    _fake_run(root / "paper", "cls", mtime=4_000, status="running")  # unfinished: not a candidate
+    assert an.pick_table2_sweep(root) == root / "mini"
+    assert an.pick_table2_sweep(root, scale="rehearsal") == root / "rehearsal"
+    _fake_run(root / "mini-seeds", "cls", mtime=1_500)  # a second mini sweep, newer: newest within the scale
+    assert an.sweep_scale(root / "mini-seeds") == "mini" and an.pick_table2_sweep(root) == root / "mini-seeds"
+    with pytest.raises(ValueError, match="SCALE=paper"):
+        an.pick_table2_sweep(root, scale="paper")
+    assert an.pick_table2_sweep(tmp_path / "none") is None
+
+
+def test_choice_names_its_scale_and_runs_in_every_title(sweeps) -> None:
+    root, _ = sweeps
+    write_run(root / "rehearsal" / "train" / "cls", "cls", "cls", PER_QUERY["cls"])  # newest: still not chosen
+    choice = an.choose_models(table2_root=root)
+    assert choice.scale == "mini" and str(choice).startswith("scale 'mini'")
+    assert choice.title("attention") == "attention [mini sweep, 2 trained runs]"
+    named = an.choose_models(table2_root=root, scale="rehearsal")
+    assert named.sweep_dir == root / "rehearsal" and "named by `scale`" in str(named)
+
+
+def test_make_notebooks_passes_scale_only_when_named() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "SCALE"}
+    named = subprocess.run(["make", "-n", "notebooks", "SCALE=rehearsal"], cwd=ROOT, env=env, capture_output=True,
+                           text=True, check=True).stdout
+    default = subprocess.run(["make", "-n", "notebooks"], cwd=ROOT, env=env, capture_output=True, text=True,
+                             check=True).stdout
+    assert "--param scale=rehearsal" in named and "--param scale" not in default

@@ -46,7 +46,7 @@ def test_misspelt_task_fails_validation_naming_the_closest() -> None:
 
     with pytest.raises(UnknownTaskError, match="LocalPaskey"):
         validate_config(_compose("evaluate", ["eval=table2-tiny", "eval.tasks=[LocalShort,LocalPaskey]"]))
-    with pytest.raises(FileNotFoundError, match="does not exist"):
+    with pytest.raises(ConfigError, match="does not exist"):  # a user error: what is wrong and the fix
         validate_config(_compose("evaluate", ["eval=table2-tiny", "model=/no/such/run"]))
 
 

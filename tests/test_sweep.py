@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from omegaconf import open_dict
 
 from lmk.run.results import read_results, update_results
@@ -99,17 +100,45 @@ def test_spec_error_is_one_line(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "lmk.sweep", str(bad), "--scale", "tiny", "--out", str(tmp_path / "o")]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0
-    assert proc.stderr.strip().count("\n") == 0 and "unknown pooling 'meen'" in proc.stderr, proc.stderr
+    lines = proc.stderr.strip().splitlines()  # what is wrong, and the fix
+    assert len(lines) <= 2 and lines[0].startswith("Error: ") and "unknown pooling 'meen'" in proc.stderr, proc.stderr
     full = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120,
                           env={**os.environ, "HYDRA_FULL_ERROR": "1"})
     assert full.returncode != 0 and "Traceback" in full.stderr and "unknown pooling 'meen'" in full.stderr
 
 
+def loud_spec(tmp_path: Path) -> Path:
+    """The tiny scale as loud as mini: W&B (offline), Lightning's progress bar and the encode bars asked for."""
+    spec = yaml.safe_load((ROOT / SPEC).read_text())
+    spec["scales"]["tiny"]["train_overrides"] += ["logger=wandb", "trainer.enable_progress_bar=true",
+                                                  "eval.show_progress=true"]
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
 def test_tiny_sweep_end_to_end_with_resume_and_failure(tmp_path: Path) -> None:
-    out = tmp_path / "tiny"
-    proc = sweep("--scale", "tiny", "--rows", "cls,lmk-fixed-32", "--out", str(out))
+    out, spec = tmp_path / "tiny", loud_spec(tmp_path)
+    env = {k: v for k, v in os.environ.items() if k != "LMK_VERBOSE"}
+    args = [sys.executable, "-m", "lmk.sweep", str(spec), "--scale", "tiny", "--rows", "cls,lmk-fixed-32", "--out",
+            str(out)]
+    proc = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    # What a user sees (stdout is a pipe, not a terminal): per row a start, a progress and a result line, no
+    # bars, no banners; the table; each row's log file keeps the detail.
+    console = proc.stdout + proc.stderr
     md = (out / "table2.md").read_text()
+    assert len(console.splitlines()) <= 2 * 12 + len(md.splitlines()) + 8, console
+    assert "\r" not in console and "Epoch 0/-2" not in console and "Traceback" not in console
+    for row in ("cls", "lmk-fixed-32"):
+        mine = [line for line in console.splitlines() if line.startswith((f"row {row} ", f"row {row}:", f"{row}: "))]
+        assert 3 <= len(mine) <= 12, mine
+        assert sum("W&B" in line or "wandb" in line for line in mine) == 1, mine  # `wandb sync` in the result line
+        assert any(line.startswith(f"{row}: step 2/2") for line in mine), mine
+        log = (out / "train" / row / "train.log").read_text()
+        assert "Running retrieval task" in log and "wandb" in log and "GPU available" in log
+    # one W&B line per row, one for the table's W&B run (the `$ ...` command line names logger=wandb)
+    assert sum("wandb" in line.lower() for line in console.splitlines() if not line.startswith("$")) <= 2 + 1
     assert "| CLS |" in md and "| LMK-fixed-32 |" in md and "Provenance" in md
     for row in ("cls", "lmk-fixed-32"):
         res = read_results(out / "train" / row)
@@ -122,7 +151,7 @@ def test_tiny_sweep_end_to_end_with_resume_and_failure(tmp_path: Path) -> None:
 
     # Resume: both rows are skipped (same config hash) -- nothing recomputed.
     before = {row: (out / "train" / row / "results.json").stat().st_mtime_ns for row in ("cls", "lmk-fixed-32")}
-    again = sweep("--scale", "tiny", "--rows", "cls,lmk-fixed-32", "--out", str(out))
+    again = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
     assert again.returncode == 0
     assert again.stderr.count("skip (done, same config)") + again.stdout.count("skip (done, same config)") == 2
     assert {row: (out / "train" / row / "results.json").stat().st_mtime_ns for row in before} == before
@@ -133,7 +162,8 @@ def test_tiny_sweep_end_to_end_with_resume_and_failure(tmp_path: Path) -> None:
     rows.write_text("cls: [pooling=cls]\nlmk-fixed-32: [pooling=lmk-fixed, pooling.chunk_size=32]\n"
                     "broken: [pooling=mean, 'data.sources=[{path: /nonexistent/pairs.jsonl}]']\n")
     proc = subprocess.run(
-        [sys.executable, "-m", "lmk.train", "-m", "experiment=table2-tiny", "hydra/sweeper=rows",
+        [sys.executable, "-m", "lmk.train", "-m", "experiment=table2-tiny", "logger=wandb",
+         "trainer.enable_progress_bar=true", "eval.show_progress=true", "hydra/sweeper=rows",
          f"hydra.sweeper.rows_file={rows}", f"hydra.sweep.dir={out / 'train'}", "hydra.sweeper.max_batch_size=1"],
         cwd=ROOT, capture_output=True, text=True, timeout=600,
     )
@@ -142,6 +172,9 @@ def test_tiny_sweep_end_to_end_with_resume_and_failure(tmp_path: Path) -> None:
     assert status["lmk-fixed-32"]["status"] == "skipped"
     assert status["cls"]["status"] == "completed"        # stale hash -> recomputed
     assert status["broken"]["status"] == "failed" and "nonexistent" in status["broken"]["error"]
+    # the row's line names what is wrong and the fix, no traceback
+    (failed,) = [line for line in proc.stdout.splitlines() if line.startswith("row broken: FAILED")]
+    assert "nonexistent" in failed and "give existing" in failed and "Traceback" not in proc.stdout + proc.stderr
     assert read_results(out / "train" / "broken")["status"] == "failed"
     assert read_results(out / "train" / "cls")["config_hash"] != "stale"
 

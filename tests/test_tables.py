@@ -11,7 +11,8 @@ import yaml
 
 from lmk.run.results import update_results
 from lmk.sweep.spec import SpecError, load_spec, validate_spec
-from lmk.sweep.tables import MixedResultsError, aggregate
+from lmk.sweep.tables import MixedResultsError, aggregate, table_commits
+from lmk.sweep.wandb_table import log_table, sweep_wandb
 
 SPEC = {
     "name": "t2", "title": "Test table", "baseline": "cls", "alpha": 0.05,
@@ -28,14 +29,14 @@ SPEC = {
 
 
 def write_run(folder: Path, row: str, groups: dict[str, float], per_query: dict | None = None,
-              config_hash: str = "h", status: str = "done") -> Path:
+              config_hash: str = "h", status: str = "done", commit: str = "abc123def456789", **extra) -> Path:
     ev = {"suite": "x", "groups": groups, "group_tasks": {"short-a": ["TaskA"], "long-b": ["TaskB"]}}
     if per_query is not None:
         (folder).mkdir(parents=True, exist_ok=True)
         (folder / "per_query.json").write_text(json.dumps(per_query))
         ev["per_query"] = "per_query.json"
     update_results(folder, row=row, status=status, config_hash=f"{config_hash}-{row}",
-                   git_commit="abc123def456789", eval=ev)
+                   git_commit=commit, eval=ev, **extra)
     return folder
 
 
@@ -191,3 +192,44 @@ def test_one_seed_twice_with_two_configs_is_still_refused(spec_path: Path, tmp_p
                                  config_hash=digest), config={"seed": 0})
     with pytest.raises(MixedResultsError):
         aggregate(spec_path, "s", out)
+
+
+def test_a_dirty_tree_shows_as_dirty_in_table_caption_and_provenance(spec_path: Path, tmp_path: Path) -> None:
+    out = tmp_path / "sweep"
+    write_run(out / "train" / "cls", "cls", {"short-a": 0.2, "long-b": 0.5}, commit="f99b5e6938ff0123-dirty")
+    write_run(out / "train" / "mean", "mean", {"short-a": 0.3, "long-b": 0.4}, commit="f99b5e6938ff0123-dirty")
+    table, paths = aggregate(spec_path, "s", out)
+    md = paths["md"].read_text()
+    assert "commit `f99b5e6938ff-dirty`" in md  # provenance lines (before: the clean-looking `f99b5e6938ff`)
+    assert "Code: commit `f99b5e6938ff-dirty` (uncommitted changes" in md  # the caption
+    assert "f99b5e6938ff-dirty" in paths["tex"].read_text()
+    assert table_commits(table) == ["f99b5e6938ff-dirty"]
+
+
+def test_the_table_lands_in_an_offline_wandb_run_of_the_sweeps_group(spec_path: Path, tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    out = tmp_path / "sweep"
+    wandb_info = {"mode": "offline", "project": "lmk-test", "group": "t2-s-train", "id": "x"}
+    n = 30
+    write_run(out / "train" / "cls", "cls", {"short-a": 0.20, "long-b": 0.50},
+              per_query([0.2 + 0.01 * (i % 3) for i in range(n)], [0.5] * n), wandb=wandb_info)
+    write_run(out / "train" / "mean", "mean", {"short-a": 0.60, "long-b": 0.40},
+              per_query([0.6 + 0.01 * (i % 2) for i in range(n)], [0.5] * n), wandb=wandb_info)
+    table, paths = aggregate(spec_path, "s", out)
+    info = sweep_wandb(out)
+    assert info == {"mode": "offline", "project": "lmk-test", "group": "t2-s-train"}
+    run_dir = Path(log_table(table, "t2", out, info))
+    assert run_dir.parent == out / "wandb" and run_dir.name.startswith("offline-run-")
+    (table_file,) = (run_dir / "files" / "media" / "table").glob("t2_*.table.json")
+    logged = json.loads(table_file.read_text())
+    assert logged["columns"][:5] == ["block", "row", "pooling", "A", "B"]
+    rows = {r[1]: dict(zip(logged["columns"], r)) for r in logged["data"]}
+    assert rows["mean"]["A"] == "**60.0\u2020**" and rows["cls"]["A"] == "20.0"  # the Markdown's cells and daggers
+    assert rows["mean"]["git_commit"] == "abc123def456" and rows["mean"]["config_hash"] == "h-mean"
+    # The run's record file (what `wandb sync` uploads) holds its group and the cells in its summary.
+    (records,) = run_dir.glob("run-*.wandb")
+    data = records.read_bytes()
+    assert b"t2-s-train" in data and b"train/mean/A" in data and b"Code: commit abc123def456" in data
+    assert sweep_wandb(tmp_path / "nothing") is None

@@ -30,9 +30,11 @@ from hydra.utils import get_method
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from lmk.config import ConfigError, effective_batch
+from lmk.run.console import verbose
 from lmk.run.files import write_json
 from lmk.run.results import STATUS_DONE, config_hash_of, read_results, update_results
 from lmk.sweep.jobs import job_id, job_overrides
+from lmk.sweep.report import print_line, quiet_launcher, result_line, start_line
 
 log = logging.getLogger(__name__)
 
@@ -229,24 +231,29 @@ class RowSweeper(Sweeper):
         sweep_dir.mkdir(parents=True, exist_ok=True)
         jobs = self.plan(list(arguments))
         launcher_cfg = OmegaConf.to_container(self.config.hydra.launcher, resolve=True)
-        entry = _entry_point()
+        program = _entry_point()
         plan = {"sweep_dir": str(sweep_dir), "launcher": launcher_cfg, "jobs": jobs,
-                "command": [shlex.join([*entry, *j["overrides"]]) for j in jobs]}
+                "command": [shlex.join([*program, *j["overrides"]]) for j in jobs]}
         write_json(sweep_dir / "jobs.json", plan)
         pending = [j for j in jobs if not j["skip"]]
+        # The plan in full (effective batch, memory estimate, every override) for a dry run or LMK_VERBOSE=1;
+        # otherwise jobs.json holds it and the console gets one start and one result line per row.
+        plan_log = log.info if self.dry_run or verbose() else log.debug
         for j in jobs:
-            log.info("row %-16s %s  %s", j["job"], "skip (done, same config)" if j["skip"] else "run ",
+            if j["skip"]:
+                print_line(f"row {j['job']}: skip (done, same config) -> {j['job_dir']}")
+            plan_log("row %-16s %s  %s", j["job"], "skip (done, same config)" if j["skip"] else "run ",
                      " ".join(j["overrides"]))
             batch = j["effective_batch"]
             if batch and batch["queries"] is None:
-                log.info("row %-16s effective batch %s per device x the devices found at launch (trainer.devices "
+                plan_log("row %-16s effective batch %s per device x the devices found at launch (trainer.devices "
                          "is auto)", j["job"], batch["per_device"])
             elif batch:
-                log.info("row %-16s effective batch %s queries (%s per device x %s devices x %s nodes x %s "
+                plan_log("row %-16s effective batch %s queries (%s per device x %s devices x %s nodes x %s "
                          "accumulation)", j["job"], batch["queries"], batch["per_device"], batch["devices"],
                          batch["nodes"], batch["accumulation"])
             if j.get("report") and j["report"].get("summary"):
-                log.info("row %-16s %s", j["job"], j["report"]["summary"])
+                plan_log("row %-16s %s", j["job"], j["report"]["summary"])
         if self.dry_run:
             log.info("dry run: %d jobs planned, %d to launch; plan in %s", len(jobs), len(pending),
                      sweep_dir / "jobs.json")
@@ -265,25 +272,27 @@ class RowSweeper(Sweeper):
                 eta_txt = f", ETA {eta / 60:.1f} min"
             else:
                 eta_txt = ""
-            log.info("launching row %d/%d: %s%s", first + 1, len(pending),
-                     ", ".join(j["job"] for j in batch), eta_txt)
+            for i, job in enumerate(batch, first + 1):
+                print_line(start_line(job, self.rows[job["row"]], i, len(pending), program, eta_txt))
             tic = time.perf_counter()
-            results = self.launcher.launch([j["overrides"] for j in batch], initial_job_idx=first)
+            with quiet_launcher():
+                results = self.launcher.launch([j["overrides"] for j in batch], initial_job_idx=first)
             for job, ret in zip(batch, results):
                 ok = ret.status == JobStatus.COMPLETED
                 entry = {"status": "completed" if ok else "failed", "job_dir": job["job_dir"],
                          "seconds": round((time.perf_counter() - tic) / len(batch), 1)}
+                err = None
                 if not ok:
                     # Record, keep going: one broken row must not cost the other rows.
                     err = ret._return_value
                     entry["error"] = f"{type(err).__name__}: {err}"
-                    log.error("row %s failed: %s", job["job"], entry["error"])
                     update_results(job["job_dir"], status="failed", error=entry["error"],
                                    config_hash=job["config_hash"], row=job["row"])
+                print_line(result_line(job, entry["seconds"], err))
                 status[job["job"]] = entry
             returns.extend(results)
         write_json(sweep_dir / "sweep_status.json", status)
         failed = [r for r, s in status.items() if s["status"] == "failed"]
-        log.info("sweep finished: %d run, %d skipped, %d failed%s", len(pending),
-                 len(jobs) - len(pending), len(failed), f" ({', '.join(failed)})" if failed else "")
+        print_line(f"sweep finished: {len(pending)} run, {len(jobs) - len(pending)} skipped, {len(failed)} failed"
+                   + (f" ({', '.join(failed)})" if failed else ""))
         return returns

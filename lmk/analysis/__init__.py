@@ -52,7 +52,15 @@ from lmk.analysis.plots import (
     save_figure,
 )
 from lmk.analysis.position import position_curve, position_similarity, similarity_curves
-from lmk.analysis.runs import ModelChoice, choose_models, latest_table2_sweep, load_models, trained_runs
+from lmk.analysis.runs import (
+    ModelChoice,
+    choose_models,
+    latest_table2_sweep,
+    load_models,
+    pick_table2_sweep,
+    sweep_scale,
+    trained_runs,
+)
 
 __all__ = [
     "PROBE_ATTN",
@@ -69,6 +77,8 @@ __all__ = [
     "depth_length_table",
     "evidence_position_sensitivity",
     "latest_table2_sweep",
+    "pick_table2_sweep",
+    "sweep_scale",
     "length_curves",
     "length_scores",
     "load_models",

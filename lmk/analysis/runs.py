@@ -1,8 +1,8 @@
 """Models for the probes: trained runs of a sweep folder, or untrained encoders from conf/.
 
-`choose_models` is what the notebook calls: the trained runs of the latest `make reproduce-table2`
-(any scale, `<table2_root>/<scale>/train/<row>/` with export/ or checkpoints/) when there are some, else
-untrained encoders; it says which it used.
+`choose_models` is what the notebook calls: the trained runs of the most meaningful `make reproduce-table2`
+sweep present (`<table2_root>/<scale>/train/<row>/` with export/ or checkpoints/; paper > mini > rehearsal > tiny,
+newest within a scale, or the scale named) when there are some, else untrained encoders; it says which it used.
 """
 
 from __future__ import annotations
@@ -88,17 +88,54 @@ def default_table2_root() -> Path:
     return Path(__file__).resolve().parents[2] / "outputs" / "table2"
 
 
+def _newest_finished(sweep: Path) -> float | None:
+    runs = trained_runs(sweep)
+    return max((r / "results.json").stat().st_mtime for r in runs) if runs else None
+
+
 def latest_table2_sweep(root: str | Path | None = None) -> Path | None:
     """The sweep folder (`<root>/<scale>`, any scale) whose newest finished trained run is the most recent."""
     root = Path(root) if root is not None else default_table2_root()
     if not root.is_dir():
         return None
-    newest: dict[Path, float] = {}
-    for scale in (p for p in root.iterdir() if p.is_dir()):
-        runs = trained_runs(scale)
-        if runs:
-            newest[scale] = max((r / "results.json").stat().st_mtime for r in runs)
+    newest = {p: t for p in root.iterdir() if p.is_dir() and (t := _newest_finished(p)) is not None}
     return max(newest, key=newest.get) if newest else None
+
+
+# The scales whose trained runs mean most, first: the paper's sweep, then the laptop one (a pretrained encoder,
+# real scores); the rehearsal trains random weights for 3 steps and tiny is a smoke test (numbers mean nothing).
+SCALE_PREFERENCE = ("paper", "mini", "rehearsal", "tiny")
+
+
+def sweep_scale(sweep: Path) -> str:
+    """A sweep folder's scale: its name (`outputs/table2/<scale>`), or the known scale it starts with."""
+    for scale in SCALE_PREFERENCE:
+        if sweep.name == scale or sweep.name.startswith((f"{scale}-", f"{scale}_")):
+            return scale
+    return sweep.name
+
+
+def pick_table2_sweep(root: str | Path | None = None, scale: str | None = None) -> Path | None:
+    """The sweep folder under `root` (default <repo>/outputs/table2) the analysis should use: among those with
+    finished trained runs, the most meaningful scale (`SCALE_PREFERENCE`: paper > mini > rehearsal > tiny, any
+    other name last), the newest within a scale; `scale` given: only sweeps of that scale (ValueError if none)."""
+    root = Path(root) if root is not None else default_table2_root()
+    found = {p: t for p in (root.iterdir() if root.is_dir() else []) if p.is_dir()
+             and (t := _newest_finished(p)) is not None}
+    if scale is not None:
+        found = {p: t for p, t in found.items() if sweep_scale(p) == scale}
+        if not found:
+            raise ValueError(f"no finished trained runs of scale {scale!r} under {root}; run `make reproduce-table2 "
+                             f"SCALE={scale}` first, or leave SCALE unset to use the best sweep present")
+    if not found:
+        return None
+
+    def rank(sweep: Path) -> tuple[int, float]:
+        known = sweep_scale(sweep)
+        order = SCALE_PREFERENCE.index(known) if known in SCALE_PREFERENCE else len(SCALE_PREFERENCE)
+        return order, -found[sweep]
+
+    return min(found, key=rank)
 
 
 @dataclass
@@ -109,9 +146,22 @@ class ModelChoice:
     source: str               # "trained" or "untrained"
     sweep_dir: Path | None    # the Table 2 sweep folder of trained runs (None for untrained models)
     description: str
+    scale: str | None = None  # the sweep's scale (None for untrained models)
 
     def __str__(self) -> str:
         return self.description
+
+    @property
+    def label(self) -> str:
+        """What the figures show, in a few words: `<scale> sweep, N trained runs` or the untrained fallback."""
+        if self.source == "trained":
+            where = self.scale or (self.sweep_dir.name if self.sweep_dir else "?")
+            return f"{where} sweep, {len(self.models)} trained runs"
+        return f"untrained encoders ({len(self.models)} models): mechanics only"
+
+    def title(self, text: str) -> str:
+        """A figure title naming which scale and runs it shows."""
+        return f"{text} [{self.label}]"
 
 
 def choose_models(
@@ -122,19 +172,25 @@ def choose_models(
     encoders: Sequence[str] = ("minilm-l6", "tiny-modernbert"),
     poolings: Sequence[str] = ("cls", "mean", "lmk-fixed"),
     device: str = "cpu",
+    scale: str | None = None,
 ) -> ModelChoice:
-    """results_dir given: its runs. Else, with `prefer_trained`, the latest Table 2 sweep under
-    `table2_root` (default <repo>/outputs/table2) when it has finished runs; else untrained encoders."""
+    """results_dir given: its runs. Else, with `prefer_trained`, the most meaningful Table 2 sweep under
+    `table2_root` (default <repo>/outputs/table2; `pick_table2_sweep`: paper > mini > rehearsal > tiny, newest
+    within a scale, or the `scale` named) when it has finished runs; else untrained encoders."""
     sweep = None
     if results_dir is not None:
         sweep = Path(results_dir)
-    elif prefer_trained:
-        sweep = latest_table2_sweep(table2_root)
+    elif prefer_trained or scale is not None:
+        sweep = pick_table2_sweep(table2_root, scale)
     if sweep is not None:
         runs_root = sweep / "train" if trained_runs(sweep) else sweep
         models = load_models(runs_root, device=device)
         where = "".join(f"\n  {label} <- {folder}" for label, folder in _run_folders(runs_root).items())
-        return ModelChoice(models, "trained", sweep, f"trained runs of {sweep}:{where}")
+        picked = "named by `scale`" if scale is not None else "the most meaningful scale present" \
+            if results_dir is None else "given as results_dir"
+        name = sweep_scale(sweep)
+        return ModelChoice(models, "trained", sweep, f"scale {name!r} ({picked}): {len(models)} trained runs of "
+                           f"{sweep}:{where}", scale=name)
     models = load_models(None, encoders, poolings, device=device)
     looked = "" if not prefer_trained else (
         f" (no finished `make reproduce-table2` run under {Path(table2_root) if table2_root else default_table2_root()})"

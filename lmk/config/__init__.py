@@ -23,10 +23,10 @@ from lmk.config.root import (
     effective_batch,
     validate,
 )
-from lmk.config.schema import ConfigError, get_key, plain, to_container
+from lmk.config.schema import ConfigError, UserError, get_key, is_user_error, plain, to_container
 
 __all__ = [
     "CONF_DIR", "ConfigError", "DataConfig", "EncoderConfig", "EvalConfig", "EvalConfigError", "PoolingConfig",
-    "RootConfig", "SourceConfig", "TrainSection", "derive_seeds", "effective_batch", "get_key", "plain",
-    "to_container", "validate",
+    "RootConfig", "SourceConfig", "TrainSection", "UserError", "derive_seeds", "effective_batch", "get_key",
+    "is_user_error", "plain", "to_container", "validate",
 ]

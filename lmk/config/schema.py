@@ -15,7 +15,31 @@ from hydra.errors import CompactHydraException
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 
-class ConfigError(CompactHydraException, ValueError):
+class UserError(Exception):
+    """An error in what the user gave (config, data, model reference, task names, hub availability, a busy run
+    folder): the console shows `what` is wrong and the `fix`, no traceback (lmk.run.cli). Raise it (or a subclass)
+    as `UserError("<what is wrong>; <the fix>")` or `UserError(what, fix=...)`; without `fix`, the part after the
+    last "Fix: ", else after the last "; ", is the fix. Mixing it into another exception class (`class X(UserError, ValueError)`) marks
+    that class as a user error everywhere, pickled through submitit included."""
+
+    def __init__(self, what: object = "", *args: object, fix: str | None = None) -> None:
+        text = str(what)
+        if fix is None:
+            # "... Fix: <fix>" (a multi-line report) or "<what>; <fix>" (the house form)
+            marker = "Fix: " if "Fix: " in text else "; " if "; " in text else None
+            if marker:
+                text, _, fix = text.rpartition(marker)
+                text = text.rstrip(" .;\n")
+        self.what, self.fix = text, fix
+        super().__init__(f"{text}; {fix}" if fix else text, *args)
+
+
+def is_user_error(err: BaseException | None) -> bool:
+    """Whether `err` reports a fault in the user's input (see UserError); anything else keeps its traceback."""
+    return isinstance(err, UserError)
+
+
+class ConfigError(UserError, CompactHydraException, ValueError):
     """A bad config value or key; the message names the key, the value and what is allowed.
 
     A Hydra "compact" error: Hydra prints its message alone (no traceback) unless HYDRA_FULL_ERROR=1.

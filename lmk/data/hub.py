@@ -33,6 +33,7 @@ import pyarrow.parquet as pq
 import yaml
 from filelock import FileLock
 
+from lmk.config.schema import UserError
 from lmk.data.retrieval import RetrievalCorpus
 from lmk.hub.offline import hub_offline
 from lmk.run.files import follow_umask, write_json
@@ -52,7 +53,7 @@ _OFFLINE_ALTERNATIVE = {
 }
 
 
-class HubUnavailableError(RuntimeError):
+class HubUnavailableError(UserError, RuntimeError):
     """The hub cannot be reached (offline); the message names the offline alternative."""
 
 

@@ -37,6 +37,7 @@ import datasets
 import pyarrow.parquet as pq
 
 from lmk.config.data import LOCAL_SOURCE, REPLICA_PREFIX, SourceConfig
+from lmk.config.schema import UserError
 from lmk.data import offline_pairs, replica
 from lmk.run.files import write_json
 
@@ -56,7 +57,7 @@ STATS_VERSION = 2  # part of the Arrow cache key: copies made before read counts
 _FORMAT_HINT = 'expected one JSON object per line like {"query": str, "pos": [str, ...], "neg": [str, ...]}'
 
 
-class PairDataError(ValueError):
+class PairDataError(UserError, ValueError):
     """A training record (or file) that cannot be used; the message names the file and line."""
 
 
@@ -194,11 +195,32 @@ def iter_records(
             out = normalize_record(rec, where)
         except PairDataError as err:
             if not skip_bad_rows:
-                raise PairDataError(f"{err} (set skip_bad_rows: true to skip bad rows)") from None
+                raise PairDataError(str(err), fix="correct that row, or set data.skip_bad_rows=true to skip bad rows") from None
             stats.skip(str(err))
             continue
         stats.rows += 1
         yield out
+
+
+# Files up to this size are read once before the model is built (`precheck_rows`): a bad row then fails in
+# seconds, not after the model load. Larger files are checked as they are read.
+PRECHECK_MAX_BYTES = 64 * 2**20
+
+
+def precheck_rows(data: Mapping[str, Any]) -> None:
+    """Validate every row of the local training files of `data` (the data config) that are small enough, before
+    anything is built; PairDataError at the first bad row (as the load would raise), unless skip_bad_rows."""
+    if data.get("skip_bad_rows") or data.get("streaming"):
+        return
+    max_rows = data.get("max_rows")
+    for raw in data.get("sources") or []:
+        source = SourceConfig.coerce(raw)
+        if not _is_file_source(source) or not Path(source.path).expanduser().is_file():
+            continue  # folders, hub ids and named sources: checked where they are read
+        path = Path(source.path).expanduser()
+        if path.stat().st_size <= PRECHECK_MAX_BYTES:
+            for _ in iter_records(iter_raw(path), False, max_rows, ReadStats()):
+                pass
 
 
 # -------------------------------------------------------------------------------------- sources

@@ -29,7 +29,7 @@ from lmk.config import CONF_DIR, ConfigError
 from lmk.config.eval import EvalConfig
 from lmk.config.model import EncoderConfig, PoolingConfig
 from lmk.hub.offline import is_hub_id
-from lmk.run.cli import run_app
+from lmk.run.cli import hydra_task, run_app
 
 
 def validate_config(cfg: DictConfig) -> None:
@@ -44,7 +44,7 @@ def validate_config(cfg: DictConfig) -> None:
             raise ConfigError(str(err) if str(err).startswith(f"{key}.") else f"{key}: {err}") from err
     model = cfg.get("model")
     if model not in (None, "", "null") and not is_hub_id(model) and not Path(str(model)).expanduser().exists():
-        raise FileNotFoundError(f"model={model!r} does not exist; give a training run dir, an exported model "
+        raise ConfigError(f"model={model!r} does not exist; give a training run dir, an exported model "
                                 "folder, a .ckpt, a Hugging Face encoder (folder or hub id owner/name) or null")
     # fast path: mteb's task registry (seconds) loads only once the config validated
     from lmk.eval.preflight import preflight
@@ -55,6 +55,9 @@ def validate_config(cfg: DictConfig) -> None:
 def run(cfg: DictConfig, run_dir: str | os.PathLike | None = None, cross_pooling: bool | None = None) -> dict[str, Any]:
     """Evaluate per `cfg` (the composed evaluate config); returns the eval section written to results.json."""
     validate_config(cfg)  # bad values, task names and paths fail here, before loading anything
+    from lmk.hub.artifacts import check_available  # fast path: before torch and the model side load
+
+    check_available(cfg)  # offline (HF_HUB_OFFLINE): a hub task or model missing on disk fails in seconds
     # torch-free path: the model side loads only after validation
     from lmk.eval.evaluation import evaluate
 
@@ -62,6 +65,7 @@ def run(cfg: DictConfig, run_dir: str | os.PathLike | None = None, cross_pooling
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="evaluate")
+@hydra_task  # a user error: two lines on the console; a sweep's job: its output in its log (lmk.run.cli)
 def main(cfg: DictConfig) -> float | None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     section = run(cfg)

@@ -11,6 +11,7 @@ from typing import Any
 
 from lmk.config.data import LOCAL_SOURCE as LOCAL_DATA
 from lmk.config.data import is_named_source
+from lmk.config.schema import UserError
 from lmk.config.schema import get_key as _get
 from lmk.eval.suites import check_task_names
 from lmk.hub import mirror
@@ -18,8 +19,8 @@ from lmk.hub.artifacts import _plain, _sources, check_available
 from lmk.hub.offline import is_hub_id
 
 
-class PreflightError(ValueError):
-    """A job config names a data path that does not exist or an eval task that does not resolve."""
+class PreflightError(UserError, ValueError):
+    """A job config names a data or model path that does not exist or an eval task that does not resolve."""
 
 
 def check_data_paths(data: Any) -> None:
@@ -36,6 +37,18 @@ def check_data_paths(data: Any) -> None:
                              "files or folders, 'local' (the offline default set), 'replica:bge-full-data' or a hub id (owner/name)")
 
 
+def check_model_paths(encoder: Any) -> None:
+    """An encoder's model_id / tokenizer given as a local path (/, ., ~) exists as a folder (else the model load
+    would fail after seconds of imports, in a traceback)."""
+    if encoder is None or _get(encoder, "source") not in ("hub", "random"):
+        return
+    for key in ("model_id", "tokenizer"):
+        ref = _get(encoder, key)
+        if isinstance(ref, str) and ref.startswith(("/", ".", "~")) and not Path(ref).expanduser().is_dir():
+            raise PreflightError(f"encoder.{key}={ref!r} looks like a local path but is not a folder; give an "
+                                 "existing model folder or a hub id (owner/name)")
+
+
 def check_eval_tasks(eval_cfg: Any) -> None:
     """Every eval task name resolves (mteb's registry, offline; or a local task)."""
     names = list(_plain(_get(eval_cfg, "tasks")) or [])
@@ -50,6 +63,7 @@ def preflight(cfg: Any, artifacts: bool = False) -> None:
     lmk.evaluate) run it with `artifacts` on the node that computes, before any model is built."""
     mirror.configure(_get(_get(cfg, "hub"), "mirror"))
     check_data_paths(_get(cfg, "data"))
+    check_model_paths(_get(cfg, "encoder"))
     check_eval_tasks(_get(cfg, "eval"))
     if artifacts:
         check_available(cfg)

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from lmk.model.embedding import EmbeddingModel
 
 log = logging.getLogger(__name__)
+detail = logging.getLogger("lmk.eval.detail")  # the run's log file only (lmk.run.loggers.FILE_ONLY_LOGGERS)
 
 PER_QUERY_FILE = "per_query.json"
 
@@ -204,13 +205,15 @@ def _evaluate_task(task: AbsTask, encoder: LmkEncoder, cache: mteb.ResultCache, 
     _repair_cache(cache, task, encoder, store)
     _drop_stale_cache(cache, task, encoder, store)
     _install_per_query_hook(task, store)
-    calls_before, start = encoder.n_encode_calls, time.perf_counter()
+    calls_before, texts_before, start = encoder.n_encode_calls, encoder.n_texts, time.perf_counter()
     result = mteb.evaluate(
         encoder,
         task,
         cache=cache,
         overwrite_strategy=cfg.overwrite,
-        encode_kwargs={"batch_size": cfg.batch_size, "show_progress_bar": cfg.show_progress},
+        # mteb's own bars off ("Searching corpus chunks" around each encode): with eval.show_progress lmk's
+        # encoder shows one bar per encode phase
+        encode_kwargs={"batch_size": cfg.batch_size, "show_progress_bar": False},
         show_progress_bar=False,
         co2_tracker=False,
         raise_error=True,
@@ -220,9 +223,11 @@ def _evaluate_task(task: AbsTask, encoder: LmkEncoder, cache: mteb.ResultCache, 
         raise RuntimeError(f"eval {name}: mteb returned no result ({result.exceptions})")
     summary = summarize_scores(result.task_results[0].scores, task.metadata.main_score, task.eval_splits,
                                task.hf_subsets)
-    log.info("eval %s: %s=%.4f %s%s", name, summary["metric"], summary["main_score"],
-             {k: round(v, 4) for k, v in summary["splits"].items()},
-             " (from cache)" if encoder.n_encode_calls == calls_before else "")
+    texts = encoder.n_texts - texts_before
+    speed = f", {texts / seconds:.0f} texts/s" if texts and seconds > 0 else ""
+    log.info("eval %s: %s=%.4f %s in %.1fs%s", name, summary["metric"], summary["main_score"],
+             {k: round(v, 4) for k, v in summary["splits"].items()}, seconds,
+             " (from cache)" if encoder.n_encode_calls == calls_before else speed)
     pq, missing = _task_per_query(task, store)
     if missing:
         log.warning("eval %s: no per-query scores for %s (cached before per-query saving?)", name, missing)
@@ -271,7 +276,7 @@ def run_suite(
     model.eval()
     try:
         for i, task in enumerate(task_list, 1):
-            log.info("eval [%d/%d] %s (%s), splits %s, model %s", i, len(task_list), task.metadata.name,
+            detail.info("eval [%d/%d] %s (%s), splits %s, model %s", i, len(task_list), task.metadata.name,
                      task.metadata.main_score, list(task.eval_splits), meta.name)
             name = task.metadata.name
             section["tasks"][name], per_query[name], timings[name] = _evaluate_task(task, encoder, cache, store, cfg)

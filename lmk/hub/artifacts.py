@@ -31,6 +31,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from lmk.config.data import LOCAL_SOURCE as LOCAL_DATA
 from lmk.config.data import is_named_source
 from lmk.config.eval import EvalConfig
+from lmk.config.schema import UserError
 from lmk.config.schema import get_key as _get
 from lmk.hub import mirror
 from lmk.hub.offline import hub_offline, is_hub_id
@@ -40,7 +41,7 @@ log = logging.getLogger(__name__)
 MANIFEST = mirror.MANIFEST
 
 
-class MissingArtifactsError(RuntimeError):
+class MissingArtifactsError(UserError, RuntimeError):
     """Offline, something a job loads is neither in the mirror, the Hugging Face cache nor a manifest."""
 
 

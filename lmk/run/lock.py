@@ -29,6 +29,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf
 
+from lmk.config.schema import UserError
 from lmk.run.results import STATUS_DONE, read_results
 
 log = logging.getLogger(__name__)
@@ -39,7 +40,7 @@ LOCK_FILE = "run.lock"
 _RANK_VARS = ("RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK", "SUBMITIT_LOCAL_GLOBALID")
 
 
-class RunFolderBusy(RuntimeError):
+class RunFolderBusy(UserError, RuntimeError):
     """The run folder is owned by another live run, or holds a finished run that was not meant to be reused."""
 
 

@@ -30,13 +30,17 @@ from lightning.pytorch.utilities import rank_zero_only
 from transformers.utils import logging as tf_logging
 
 from lmk.config.schema import get_key as _get
+from lmk.run.console import verbose
 
 log = logging.getLogger(__name__)
 
 
 # Third-party loggers whose INFO lines narrate every step (mteb: 15 lines per task, bm25s: index
 # building): the run's log file keeps them, the console shows their warnings only.
-FILE_ONLY_LOGGERS = ("mteb", "bm25s", "sentence_transformers", "datasets", "httpx")
+# lmk's own per-phase detail (each encode phase, each local task built, data set builds) likewise: the console
+# keeps one line per eval task.
+FILE_ONLY_LOGGERS = ("mteb", "bm25s", "sentence_transformers", "datasets", "httpx", "lmk.eval.encoder",
+                     "lmk.model.embedding", "lmk.eval.tasks", "lmk.eval.detail", "lmk.data")
 # Lightning's advertising for its paid services: dropped everywhere (not an event of the run).
 ADVERT_MARKERS = ("litlogger", "litmodels")
 # Library-internal deprecations a user cannot act on (Lightning calling a deprecated torch API).
@@ -92,6 +96,12 @@ def use_hydra_logging() -> None:
     for pattern in IGNORED_WARNINGS:
         warnings.filterwarnings("ignore", message=pattern)
     logging.captureWarnings(True)
+    if not verbose():
+        # datasets' "Generating train split" and transformers' "Loading weights" bars: seconds of work each, one
+        # console line per bar; lmk's own progress (training steps, encode phases) stays
+        if os.environ.get("HF_DATASETS_DISABLE_PROGRESS_BARS") is None:
+            disable_progress_bars()
+        tf_logging.disable_progress_bar()
 
 
 @contextmanager
@@ -183,6 +193,12 @@ class SafeWandbLogger(WandbLogger):
 
     broken: bool = False
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Lightning always passes `anonymous` (None); wandb warns that the setting has no effect
+        if self._wandb_init.get("anonymous") is None:
+            self._wandb_init.pop("anonymous", None)
+
     def _guard(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         if self.broken:
             return None
@@ -271,6 +287,8 @@ def _build_wandb(logger_cfg: Any, run_dir: Path, cfg: Any, resume: bool = False)
     }
     if mode is not None:
         kwargs["mode"] = mode
+    if not verbose():
+        os.environ.setdefault("WANDB_SILENT", "true")  # wandb's banners: lmk says the one line that matters
     try:
         logger = _start_wandb(kwargs)
     except Exception as err:  # noqa: BLE001 - never fatal
@@ -293,9 +311,9 @@ def _build_wandb(logger_cfg: Any, run_dir: Path, cfg: Any, resume: bool = False)
         id_file.write_text(run_id)
         if wandb_mode(logger) == "online":
             log.info("W&B run %s: %s", run_id, getattr(logger.experiment, "url", None))
-    if rank_zero_only.rank == 0 and wandb_mode(logger) == "offline":
-        log.warning("W&B is offline (no API key / no network). Sync later with: wandb sync %s",
-                    offline_run_dir(logger) or f"{run_dir}/wandb/offline-run-*")
+    if rank_zero_only.rank == 0 and wandb_mode(logger) == "offline":  # the one W&B line of the run
+        log.info("W&B offline (no API key / no network): `wandb sync %s` later",
+                 offline_run_dir(logger) or f"{run_dir}/wandb/offline-run-*")
     return logger
 
 
@@ -382,8 +400,8 @@ def finish_loggers(loggers: Logger | Sequence[Logger] | None, exit_code: int = 0
             except Exception as err:  # noqa: BLE001
                 warnings.warn(f"W&B finish failed ({type(err).__name__}: {err}); the run folder is kept",
                               stacklevel=2)
-            if isinstance(lg, SafeWandbLogger) and wandb_mode(lg) == "offline":
-                log.warning("W&B offline run saved. Sync with: wandb sync %s", offline_run_dir(lg))
+            if isinstance(lg, SafeWandbLogger) and wandb_mode(lg) == "offline":  # said once at the start
+                log.debug("W&B offline run saved. Sync with: wandb sync %s", offline_run_dir(lg))
     try:
         if wandb.run is not None:
             wandb.finish(exit_code=exit_code)

@@ -27,12 +27,15 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import yaml
 
+from lmk.config import UserError
+from lmk.run.cli import full_errors, report
 from lmk.sweep.eval_stage import run_stage
 from lmk.sweep.jobs import Block, job_id, train_block, zeroshot_block
-from lmk.sweep.spec import Row, Scale, SpecError, TableSpec, load_spec, validate_spec
+from lmk.sweep.spec import Row, Scale, TableSpec, load_spec, validate_spec
 
 # Each entry point's check before compute, run by the row sweeper on every job before the sweep launches.
 VALIDATORS = {"lmk.train": "lmk.train.command.validate_job", "lmk.evaluate": "lmk.eval.command.validate_config"}
@@ -145,18 +148,35 @@ def _run_training_blocks(sweep: Sweep, hub: list[str]) -> tuple[int, int | None]
     return failures, None
 
 
+def _table_to_wandb(sweep: Sweep, table: Any) -> None:
+    """With W&B on for the sweep's runs, the table also goes to a run of their group (one line says where)."""
+    # fast path: wandb loads only once the sweep ran with it
+    from lmk.sweep.wandb_table import log_table, sweep_wandb
+
+    info = sweep_wandb(sweep.out)
+    if info is None:
+        return
+    where = log_table(table, sweep.spec.name, sweep.out, info)
+    if where and info["mode"] == "offline":
+        print(f"[lmk.sweep] W&B offline: the table is in {where}; upload with `wandb sync {where}`")
+    elif where:
+        print(f"[lmk.sweep] W&B: the table is in {where}")
+
+
 def _build_table(sweep: Sweep, started: float, failures: int) -> int:
     # fast path: matplotlib and the tables load only once the sweep ran
-    from lmk.sweep.tables import aggregate
+    from lmk.sweep.tables import aggregate, table_commits
 
     try:
-        _, paths = aggregate(sweep.args.spec, sweep.args.scale, sweep.out, sweep.args.with_optional)
+        table, paths = aggregate(sweep.args.spec, sweep.args.scale, sweep.out, sweep.args.with_optional)
     except FileNotFoundError as exc:
         print(f"[lmk.sweep] {exc}", file=sys.stderr)
         return 1
     print(paths["md"].read_text())
+    _table_to_wandb(sweep, table)
     minutes = (time.time() - started) / 60
-    print(f"[lmk.sweep] table written to {paths['md']} (+ .tex .csv .json .png); wall time {minutes:.1f} min")
+    print(f"[lmk.sweep] table written to {paths['md']} (+ .tex .csv .json .png); commit "
+          f"{', '.join(table_commits(table)) or '?'}; wall time {minutes:.1f} min")
     return 1 if failures else 0
 
 
@@ -169,10 +189,10 @@ def main(argv: list[str] | None = None) -> int:
 
         # the scale's hub mirror, filled before any job starts; every job reads it (hub.mirror)
         mirror_dir = prepare(sweep.scale, sweep.out, sweep.args.dry_run) if sweep.args.stage != "table" else None
-    except SpecError as exc:
-        if os.environ.get("HYDRA_FULL_ERROR") == "1":  # the full trace on request, as Hydra does
+    except UserError as exc:  # a bad spec, scale or mirror: what is wrong and the fix (lmk.run.cli)
+        if full_errors():  # the full trace on request (HYDRA_FULL_ERROR=1 or LMK_DEBUG=1)
             raise
-        print(f"[lmk.sweep] {exc}", file=sys.stderr)
+        report(exc)
         return 2
     args = sweep.args
     print(f"[lmk.sweep] {sweep.spec.name} at scale {args.scale!r}: {len(sweep.rows)} rows -> {sweep.out}", flush=True)

@@ -13,12 +13,12 @@ from typing import Any
 
 import yaml
 
-from lmk.config import CONF_DIR
+from lmk.config import CONF_DIR, UserError
 
 CONTEXTS = ("short", "long")
 
 
-class SpecError(ValueError):
+class SpecError(UserError, ValueError):
     """A table spec that cannot be run; the message names the valid choices."""
 
 

@@ -25,6 +25,7 @@ import matplotlib.pyplot as plt
 import wandb
 from scipy.stats import ttest_rel
 
+from lmk.config.schema import UserError
 from lmk.run.files import write_json
 from lmk.run.results import STATUS_DONE, read_results
 from lmk.sweep.provenance import provenance_lines
@@ -37,8 +38,12 @@ SIG_MARK = "\u2020"  # dagger: over queries
 SEED_MARK = "\u2021"  # double dagger: over seeds
 
 
-class MixedResultsError(ValueError):
+class MixedResultsError(UserError, ValueError):
     """Two results files claim one row with different configs."""
+
+
+class NoResultsError(UserError, FileNotFoundError):
+    """A sweep folder without any results.json (the sweep has not run there)."""
 
 
 @dataclass
@@ -289,6 +294,33 @@ def _fmt(cell: Cell | None, bold: tuple[str, str], mark: bool = True) -> str:
     return f"{bold[0]}{text}{bold[1]}" if cell.best else text
 
 
+def short_commit(commit: str | None) -> str:
+    """A commit as tables show it: 12 hex digits, keeping the `-dirty` mark of a run from an uncommitted tree."""
+    if not commit:
+        return "?"
+    sha, dirty = (commit[:-6], True) if commit.endswith("-dirty") else (commit, False)
+    return sha[:12] + ("-dirty" if dirty else "")
+
+
+def table_commits(table: Table) -> list[str]:
+    """The distinct commits (short form) the table's runs were made from, in row order."""
+    seen: dict[str, None] = {}
+    for rows in table.blocks.values():
+        for cells in rows.values():
+            cell = cells.get("avg") or next(iter(cells.values()), None)
+            if cell is not None and cell.git_commit:
+                seen.setdefault(short_commit(cell.git_commit), None)
+    return list(seen)
+
+
+def caption(table: Table) -> str:
+    """One line naming the code the table's runs came from (`-dirty`: uncommitted changes)."""
+    commits = table_commits(table)
+    dirty = " (uncommitted changes: not reproducible from the commit alone)" if any(
+        c.endswith("-dirty") for c in commits) else ""
+    return f"Code: commit {', '.join(f'`{c}`' for c in commits) or '?'}{dirty}."
+
+
 def to_markdown(table: Table) -> str:
     keys = table.column_keys()
     lines = [f"**{table.title}**", ""] if table.title else []
@@ -308,6 +340,7 @@ def to_markdown(table: Table) -> str:
     if seeds > 1:
         lines.append(f"Mean \u00b1 std over up to {seeds} seeds; {SEED_MARK}: differs from {table.baseline!r} "
                      f"over seeds (paired t-test, seed k vs seed k, p < {table.alpha}).")
+    lines.append(caption(table))
     lines.append("")
     lines.append("Provenance (row: run folder, git commit, config hash):")
     for block, rows in table.blocks.items():
@@ -315,7 +348,7 @@ def to_markdown(table: Table) -> str:
             cell = cells.get("avg")
             if cell and cell.run_dir:
                 seeds = f" ({cell.n_seeds} seeds in seed*/)" if cell.n_seeds > 1 else ""
-                lines.append(f"- {block}/{row_id}: `{cell.run_dir}` commit `{(cell.git_commit or '?')[:12]}` "
+                lines.append(f"- {block}/{row_id}: `{cell.run_dir}` commit `{short_commit(cell.git_commit)}` "
                              f"hash `{cell.config_hash}`{seeds}")
     return "\n".join(lines) + "\n"
 
@@ -331,7 +364,7 @@ def to_latex(table: Table) -> str:
                     .replace(SEED_MARK, "$^\\ddagger$").replace("\u00b1", "$\\pm$") for k, _ in keys]
             label = table.labels.get(row_id, row_id).replace("{", "\\{").replace("}", "\\}")
             out.append(f"{label} & " + " & ".join(vals) + " \\\\")
-    out += ["\\bottomrule", "\\end{tabular}"]
+    out += ["\\bottomrule", "\\end{tabular}", f"% {caption(table).replace('`', '')}"]
     return "\n".join(out) + "\n"
 
 
@@ -374,6 +407,7 @@ def plot(table: Table, path: Path) -> None:
         ax.set_title(BLOCK_TITLES.get(block, block))
         ax.set_ylim(0, 115)  # headroom: the legend sits above the bars
         ax.legend(loc="upper center", ncol=2, fontsize=8)
+    fig.suptitle(caption(table).replace("`", ""), fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -393,7 +427,7 @@ def aggregate(spec_path: str | Path, scale: str, out: str | Path, with_optional:
         except Exception as exc:  # W&B is a bonus source: never fail the table on it
             log.warning("could not read W&B group %s: %s", wandb_group, exc)
     if not any(runs.values()):
-        raise FileNotFoundError(f"no results.json under {out}; run `make reproduce-table2 SCALE={scale}` first")
+        raise NoResultsError(f"no results.json under {out}; run `make reproduce-table2 SCALE={scale}` first")
     table = build_table(spec, scale, runs, spec.rows_for(spec.scale(scale), with_optional))
     stem = out / spec.name
     paths = {"md": stem.with_suffix(".md"), "tex": stem.with_suffix(".tex"), "csv": stem.with_suffix(".csv"),

@@ -20,7 +20,7 @@ import hydra
 from omegaconf import DictConfig
 
 from lmk.config import CONF_DIR, ConfigError, RootConfig, validate
-from lmk.run.cli import run_app
+from lmk.run.cli import hydra_task, run_app
 
 
 def validate_job(cfg: Any) -> RootConfig:
@@ -43,6 +43,9 @@ def run(cfg: DictConfig) -> float | None:
     from lmk.hub.artifacts import check_available  # fast path: loaded once the config validated
 
     check_available(cfg)  # offline (HF_HUB_OFFLINE): every hub model / dataset this job loads is on disk
+    from lmk.data.pairs import precheck_rows  # fast path: the data reader loads once the config validated
+
+    precheck_rows(cfg.data)  # a bad training row fails here, in seconds, not after the model load
     # torch-free path: Lightning and the model load only after validation
     from lmk.train.fit import fit
 
@@ -50,6 +53,7 @@ def run(cfg: DictConfig) -> float | None:
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")
+@hydra_task  # a user error: two lines on the console; a sweep's job: its output in its log (lmk.run.cli)
 def main(cfg: DictConfig) -> float | None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # dataloader workers fork after tokenizing
     return run(cfg)

@@ -28,6 +28,7 @@ from lmk.model.embedding import EmbeddingModel
 from lmk.model.export import export_sentence_transformers
 from lmk.run import lock as run_lock
 from lmk.run.cluster import cluster_plugins, submitit_rank
+from lmk.run.console import redirected
 from lmk.run.loggers import (
     build_logger,
     finish_loggers,
@@ -38,6 +39,7 @@ from lmk.run.loggers import (
 from lmk.run.results import Timer, config_hash_of, git_commit, update_results
 from lmk.train.guard import NonFiniteError, NonFiniteGuard
 from lmk.train.module import ContrastiveModule
+from lmk.train.progress import LineProgress
 from lmk.train.resume import ExactResume, start_fresh
 
 log = logging.getLogger(__name__)
@@ -120,6 +122,12 @@ def build_trainer(typed: RootConfig, cfg: DictConfig, run_dir: Path, callbacks: 
     assert isinstance(kwargs, dict)
     if typed.train.grad_cache:
         kwargs["gradient_clip_val"] = None  # Lightning refuses it under manual optimisation; the module clips
+    # One progress line (lmk.train.progress) instead of Lightning's bar ("Epoch 0/-2" under max_steps); a sweep's
+    # job always shows it (its other output goes to the log file)
+    if kwargs.pop("enable_progress_bar", True) or redirected():
+        row = cfg.get("row")
+        callbacks = [LineProgress(label=f"{row}: " if row else ""), *callbacks]  # its last line before the eval
+    kwargs["enable_progress_bar"] = False
     kwargs.setdefault("default_root_dir", str(run_dir))
     plugins = cluster_plugins()  # submitit's local executor started the ranks: Lightning must not spawn
     extra = {"plugins": plugins} if plugins else {}
