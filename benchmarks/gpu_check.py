@@ -85,6 +85,11 @@ def paper_config(smoke: bool, run_dir: Path) -> Any:
     return cfg
 
 
+def cpu_cores() -> int:
+    """The cores this process may run on (what Lightning divides among a machine's ranks)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def rehearsal_ranks() -> int:
     """DDP ranks per machine in the rehearsal (its launcher.tasks_per_node): they share the CPU's cores."""
     from omegaconf import OmegaConf
@@ -181,10 +186,12 @@ def check_train_step(smoke: bool, work: Path) -> dict[str, Any]:
             _sync(device)
             times.append(time.perf_counter() - self.t)
 
-    threads = torch.get_num_threads()
+    # the process-wide settings the Trainer changes, restored afterwards (the check also runs inside tests)
+    threads, determinism = torch.get_num_threads(), (torch.are_deterministic_algorithms_enabled(),
+                                                     torch.is_deterministic_algorithms_warn_only_enabled())
     if smoke and "OMP_NUM_THREADS" not in os.environ:
         # one rank's share of the cores, as Lightning gives each of the rehearsal's DDP ranks
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // rehearsal_ranks()))
+        torch.set_num_threads(max(1, cpu_cores() // rehearsal_ranks()))
     trainer = pl.Trainer(accelerator=cfg.trainer.accelerator, devices=1, precision=cfg.trainer.precision,
                          max_steps=steps, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, callbacks=[Timer()], use_distributed_sampler=False,
@@ -197,6 +204,7 @@ def check_train_step(smoke: bool, work: Path) -> dict[str, Any]:
         used_threads = torch.get_num_threads()
     finally:
         torch.set_num_threads(threads)
+        torch.use_deterministic_algorithms(determinism[0], warn_only=determinism[1])
     tokens = int(batch["query"]["attention_mask"].sum() + batch["passage"]["attention_mask"].sum())
     # the first step includes warm-up (allocator, kernels): report the median of the rest
     steady = times[1:] or times
@@ -224,7 +232,7 @@ def check_train_step(smoke: bool, work: Path) -> dict[str, Any]:
 
 def _texts_of_lengths(model: Any, lengths: tuple[int, ...], max_length: int) -> tuple[list[str], list[int]]:
     """Texts whose tokenized lengths are about `lengths` (the last fills `max_length`), and those lengths."""
-    texts = [_words(max(n - 2, 1), n) if n < max_length else _words(2 * max_length, n) for n in lengths]
+    texts = [_words(max(n // 2 - 1, 1), n) if n < max_length else _words(2 * max_length, n) for n in lengths]
     mask = model.tokenize(texts, max_length=max_length)["attention_mask"]
     return texts, [int(n) for n in mask.sum(dim=1)]
 
@@ -429,7 +437,7 @@ def run(smoke: bool, sections: list[str], out: Path) -> dict[str, Any]:
         report["gpu_count"] = torch.cuda.device_count()
         report["gpu_memory_gib"] = round(torch.cuda.get_device_properties(0).total_memory / 1024**3, 1)
         report["flash_attn_installed"] = importlib.util.find_spec("flash_attn") is not None
-    work = out / "work"
+    work = (out / "work").resolve()  # the jobs run in the repository root: their folders must not be relative
     t0 = time.perf_counter()
     for name in sections:
         report[name] = _section(SECTIONS[name], smoke, work)

@@ -4,7 +4,6 @@ the CPU (--cpu-smoke), and the real check on a GPU."""
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 import torch
@@ -35,13 +34,14 @@ def test_sections_are_a_registry_in_run_order() -> None:
 
 def test_cpu_smoke_runs_the_rehearsal_step_padded_batches_and_encode(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("LMK_CACHE", str(tmp_path / "cache"))
-    threads = torch.get_num_threads()
+    threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
     args = ["--cpu-smoke", "--sections", "train_step,padded,encode", "--out", str(tmp_path / "gc")]
     assert gpu_check.main(args) == 0
     report = json.loads(capsys.readouterr().out)
     # a CPU run never writes where the estimate looks for a measurement (issue 20.11)
     assert report == json.loads((tmp_path / "gc" / "cpu_check.json").read_text())
     assert not (tmp_path / "gc" / "gpu_check.json").exists() and torch.get_num_threads() == threads
+    assert torch.are_deterministic_algorithms_enabled() == deterministic  # the Trainer's global setting restored
     step = report["train_step"]
     assert report["status"] == "ok" and step["status"] == "ok", step
     # the paper config's training settings at the rehearsal's sizes (issue 20.15: its determinism setting)
@@ -52,7 +52,7 @@ def test_cpu_smoke_runs_the_rehearsal_step_padded_batches_and_encode(tmp_path, c
     assert step["tokens_per_step"] > 0 and step["train_tokens_per_s"] > 0
     assert step["estimated_memory_gib"]["total"] > 0 and "peak_reserved_gib" in step
     # one rank's share of the cores, as each of the rehearsal's 2 DDP ranks gets
-    assert step["torch_threads"] == max(1, (os.cpu_count() or 1) // 2)
+    assert step["torch_threads"] == max(1, gpu_check.cpu_cores() // 2)
     padded = report["padded"]
     assert padded["status"] == "ok", padded
     assert len(set(padded["train"]["lengths"])) == 3 and padded["train"]["padded_to"] == max(padded["train"]["lengths"])

@@ -156,12 +156,13 @@ def measured_rates(tp: Mapping[str, Any], path: Path | str, shape: Any) -> Rates
                 f"tokens/s, ratio {fig.get('ratio')})") if e2e else "forward only"
         per_len[int(length)] = Throughput(rate * shape.forward_flops_per_token(int(length)),
                                           f"{where}: {rate:,.0f} tokens/s at {length} tokens, {what}", kind, True)
-    if not per_len:
-        raise ValueError(f"{path} has no encode throughput (its encode section failed or did not run); rerun "
-                         "the check with its encode section")
+    if not per_len:  # a check run without its encode section
+        per_len[0] = Throughput(train.flops_per_s, f"{where}: no encode section, the training FLOP/s stands in "
+                                "(assumed)", kind)
     overhead = tp.get("job_overhead_s")
     return Rates(train, per_len, e2e, float(overhead if overhead is not None else JOB_OVERHEAD_S),
-                 f"{where}: rehearsal row less its steps and evaluation" if overhead is not None else "assumed")
+                 f"{where}: the rehearsal row's training wall time less its steps" if overhead is not None
+                 else "assumed")
 
 
 def choose_rates(cfg: Any, shape: Any, throughput_file: Path | str | None = None,
@@ -196,7 +197,7 @@ class StageCost:
     tokens: float
     flops: float
     notes: list[str] = field(default_factory=list)
-    device_s: float = 0.0  # device-seconds of all jobs (GPU-seconds; machine-seconds on a CPU)
+    device_s: float = 0.0  # device-seconds of all jobs (GPU-seconds; rank-seconds on a CPU)
     job_wall_s: float = 0.0  # one job's wall time
     parallel: int | None = None  # jobs at a time (None: all)
 
