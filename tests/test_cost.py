@@ -123,6 +123,8 @@ def test_paper_dry_run_prints_the_memory_estimate(tmp_path):
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "memory per device:" in proc.stdout + proc.stderr and "fits a 80 GB GPU" in proc.stdout + proc.stderr
+    # the GPU-hours count grad cache's forward (issue 20.11), and every figure names its source
+    assert "5 passes per token" in proc.stdout and "train throughput: " in proc.stdout and "job overhead: " in proc.stdout
     job = json.loads((out / "train" / "jobs.json").read_text())["jobs"][0]
     assert job["report"]["fits"] is True and job["report"]["memory_gib"]["total"] > 1
 

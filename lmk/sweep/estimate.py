@@ -381,9 +381,10 @@ def training_time_report(spec_path: str, scale_name: str, out: Path | str,
     """After a run: the training stage's predicted wall time beside the measured one (the row sweeper's
     `train/sweep_status.json`: seconds per completed row), for the rows this run trained."""
     path = Path(out) / "train" / "sweep_status.json"
-    if not path.is_file():
-        return None
-    status = json.loads(path.read_text())
+    try:
+        status = json.loads(path.read_text()) if path.is_file() else {}
+    except (OSError, json.JSONDecodeError):
+        return None  # nothing to compare: the table is what matters
     done = {row: s for row, s in status.items() if s.get("status") == "completed" and s.get("seconds") is not None}
     if not done:
         return None
