@@ -20,7 +20,7 @@ export TOKENIZERS_PARALLELISM ?= false
 .PHONY: install lock test test-slow test-all lint reproduce-table2 table2 prefetch replicas notebooks bench gpu-check rehearse-nodes clean help
 
 help:
-	@echo "make reproduce-table2 [SCALE=mini|rehearsal|paper|tiny] [FORCE=1]  sweep + table"
+	@echo "make reproduce-table2 [SCALE=mini|rehearsal|paper|tiny] [FORCE=1] [THROUGHPUT=json]  sweep + table"
 	@echo "make table2 [SCALE=...]          re-aggregate the table from results files"
 	@echo "make prefetch [SCALE=paper] [MIRROR=dir]  on a login node: download what the sweep's jobs load"
 	@echo "make replicas MIRROR=dir         offline replicas of the paper's eval datasets (hub layout)"
@@ -63,7 +63,7 @@ lint: install
 	$(VENV)/bin/lint-imports --no-cache   # the layering contracts of pyproject.toml (docs/architecture.md)
 
 reproduce-table2: install
-	$(PY) -m lmk.sweep experiments/table2/spec.yaml --scale $(SCALE) --out $(OUT)/table2/$(SCALE) $(if $(FORCE),--force,)
+	$(PY) -m lmk.sweep experiments/table2/spec.yaml --scale $(SCALE) --out $(OUT)/table2/$(SCALE) $(if $(FORCE),--force,) $(if $(THROUGHPUT),--throughput $(THROUGHPUT),)
 
 table2: install
 	$(PY) -m lmk.tables experiments/table2/spec.yaml --scale $(SCALE) --out $(OUT)/table2/$(SCALE)
@@ -85,7 +85,8 @@ notebooks: install
 bench: install
 	$(PY) -m benchmarks.run --size full --out $(OUT)/bench
 
-# One JSON report (and $(OUT)/gpu_check/gpu_check.json, read by the cost estimate); skips without CUDA.
+# One JSON report (and $(OUT)/gpu_check/gpu_check.json, read by the cost estimate); without CUDA it prints a skip
+# and writes nothing (`python -m benchmarks.gpu_check --cpu-smoke` writes cpu_check.json: THROUGHPUT=... for a CPU scale).
 gpu-check: install
 	$(PY) -m benchmarks.gpu_check --out $(OUT)/gpu_check
 

@@ -37,6 +37,7 @@ MIXED = ("16-mixed", "bf16-mixed", "16", "bf16")
 HALF_TRUE = ("16-true", "bf16-true")
 CONTEXT_OVERHEAD_GIB = 1.5  # CUDA context + cuBLAS/cuDNN workspaces (assumed)
 FRAGMENTATION = 0.10  # allocator slack on top of activations (assumed)
+GPU_CHECK_JSON = "outputs/gpu_check/gpu_check.json"  # where `make gpu-check` writes its report
 
 
 @dataclass(frozen=True)
@@ -103,11 +104,16 @@ class EncoderShape:
         attention = sum(4 * self.attention_span(layer, seq_len) * self.hidden for layer in range(self.layers))
         return float(dense + attention)
 
+    @staticmethod
+    def train_passes(checkpointing: bool = False, grad_cache: bool = False) -> int:
+        """Forward-pass equivalents per training token, as `lmk.train` runs them: forward + backward (2x a
+        forward), + the forward gradient checkpointing recomputes, + grad cache's first no-grad embedding
+        pass (lmk.train.gradcache: embed without grad, loss, then each chunk forward + backward again)."""
+        return 3 + int(checkpointing) + int(grad_cache)
+
     def train_flops_per_token(self, seq_len: int, checkpointing: bool = False, grad_cache: bool = False) -> float:
-        """Forward + backward (2x forward); checkpointing recomputes the forward, grad cache adds its
-        first no-grad embedding pass."""
-        passes = 3 + int(checkpointing) + int(grad_cache)
-        return passes * self.forward_flops_per_token(seq_len)
+        """FLOPs per training token: `train_passes` x a forward."""
+        return self.train_passes(checkpointing, grad_cache) * self.forward_flops_per_token(seq_len)
 
     # ---- memory -------------------------------------------------------------------------------
     def layer_activation_bytes(self, compute_bytes: int, stream_bytes: int) -> int:
@@ -326,8 +332,10 @@ def job_train_flops(cfg: Any) -> dict[str, float]:
     return {"steps": steps, "world_size": world, "tokens": float(tokens), "flops": float(steps * world * per_step)}
 
 
-FIT_HINT = ("to fit: train.grad_cache=true (same loss, one chunk in flight), encoder.dtype=bfloat16 or "
-            "trainer.precision=bf16-true, or a smaller data.batch_size on more GPUs (launcher.nodes)")
+# Only ways that keep fp32 master weights: bf16 weights (encoder.dtype=bfloat16, trainer.precision=bf16-true)
+# lose most AdamW updates at lr 2e-5, so they are not suggested.
+FIT_HINT = ("to fit: train.grad_cache=true (same loss, one chunk in flight), or a smaller data.batch_size on more "
+            "GPUs (launcher.nodes)")
 
 
 def job_report(cfg: Any) -> dict[str, Any]:
@@ -342,12 +350,30 @@ def job_report(cfg: Any) -> dict[str, Any]:
             "world_size": job_world_size(c), "summary": summary}
 
 
-def read_gpu_check(path: str | os.PathLike = "outputs/gpu_check/gpu_check.json") -> dict[str, Any] | None:
-    """The measured throughput that `make gpu-check` wrote (its "throughput" section), or None."""
+def read_gpu_check(path: str | os.PathLike = GPU_CHECK_JSON, modes: tuple[str, ...] = ("gpu",)
+                   ) -> dict[str, Any] | None:
+    """The throughput a gpu-check report measured (its "throughput" section, plus the per-length figures of
+    its `encode_pipeline` section when present), or None: no file, an unreadable one, a check that did not
+    finish "ok", or a mode not in `modes`. The default takes only a CUDA run: a `--cpu-smoke` report
+    measures the CPU and must never pass for a GPU measurement."""
     if not os.path.isfile(path):
         return None
-    with open(path, encoding="utf-8") as fh:
-        report = json.load(fh)
-    if report.get("status") != "ok" or report.get("mode") != "gpu":
-        return None  # a CPU smoke run or a failed check measures nothing usable for a GPU estimate
-    return report.get("throughput")
+    try:
+        with open(path, encoding="utf-8") as fh:
+            report = json.load(fh)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    if not isinstance(report, dict) or report.get("status") != "ok" or report.get("mode") not in modes:
+        return None
+    tp = dict(report.get("throughput") or {})
+    if not tp:
+        return None
+    tp.setdefault("mode", report.get("mode"))
+    tp.setdefault("device", report.get("device"))
+    pipeline = report.get("encode_pipeline")
+    if isinstance(pipeline, dict) and pipeline.get("status", "ok") == "ok":
+        figures = {str(k): v for k, v in pipeline.items()
+                   if isinstance(v, dict) and isinstance(v.get("end_to_end_tokens_per_s"), int | float)}
+        if figures:
+            tp["encode_pipeline"] = figures
+    return tp

@@ -80,6 +80,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--stage", choices=("all", "train", "eval", "table"), default="all",
                         help="run one stage: train (and zero-shot), eval (the scale's eval stage), table")
     parser.add_argument("--seeds", default=None, help="comma-separated seeds: each fine-tuned row once per seed")
+    parser.add_argument("--throughput", default=None, help="a gpu-check JSON the cost estimate reads as measured "
+                        "(a CPU scale needs one: python -m benchmarks.gpu_check --cpu-smoke writes it)")
     return parser
 
 
@@ -177,6 +179,12 @@ def _build_table(sweep: Sweep, started: float, failures: int) -> int:
     minutes = (time.time() - started) / 60
     print(f"[lmk.sweep] table written to {paths['md']} (+ .tex .csv .json .png); commit "
           f"{', '.join(table_commits(table)) or '?'}; wall time {minutes:.1f} min")
+    # fast path: the cost model (mteb's task statistics) loads only after a run
+    from lmk.sweep.estimate import training_time_report
+
+    timing = training_time_report(sweep.args.spec, sweep.args.scale, sweep.out, sweep.args.throughput)
+    if timing:
+        print(f"[lmk.sweep] {timing}")
     return 1 if failures else 0
 
 
@@ -214,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
         # fast path: the model shapes (torch) load for a dry run only
         from lmk.sweep.estimate import print_sweep_estimate
 
-        print_sweep_estimate(args.spec, args.scale, [r.id for r in sweep.rows])
+        print_sweep_estimate(args.spec, args.scale, [r.id for r in sweep.rows], args.throughput)
         return 0
     if args.stage in ("train", "eval"):
         return 1 if failures else 0
