@@ -26,6 +26,7 @@ from lmk.eval.callback import build_eval_callback
 from lmk.hub.mirror import with_mirrored_sources
 from lmk.model.embedding import EmbeddingModel
 from lmk.model.export import export_sentence_transformers
+from lmk.run import faults
 from lmk.run import lock as run_lock
 from lmk.run.cluster import cluster_plugins, submitit_rank
 from lmk.run.loggers import (
@@ -36,6 +37,7 @@ from lmk.run.loggers import (
     wandb_info,
 )
 from lmk.run.results import Timer, config_hash_of, git_commit, update_results
+from lmk.train.fault_hooks import FaultCallback
 from lmk.train.module import ContrastiveModule
 from lmk.train.resume import ExactResume, start_fresh
 
@@ -109,6 +111,8 @@ def build_callbacks(typed: RootConfig, run_dir: Path, has_logger: bool) -> list[
     cb = build_eval_callback(typed.eval, run_dir) if typed.eval is not None else None
     if cb is not None:
         callbacks.append(cb)
+    if faults.active():  # a rehearsal of a bad day (`--faults`): the plan's step faults of this row
+        callbacks.append(FaultCallback(run_dir, typed.row))
     return callbacks
 
 
