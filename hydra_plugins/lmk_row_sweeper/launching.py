@@ -114,7 +114,8 @@ def launch(launcher: Launcher, job_overrides: Sequence[Sequence[str]], initial_j
     """Launch `job_overrides` through `launcher`; one JobReturn per job, a failed one for a job that died.
     `on_queued` gets [{"job_id", "scheduler", "host"}] per job once submitit queued them (not for the basic
     launcher, whose jobs run in this process)."""
-    if not isinstance(launcher, BaseSubmititLauncher):
+    # by name: Hydra loads plugin modules apart from sys.modules, so the launcher's class is not the one imported
+    if not any(c.__name__ == BaseSubmititLauncher.__name__ for c in type(launcher).__mro__):
         return list(launcher.launch(job_overrides, initial_job_idx))
     assert launcher.config is not None
     executor = _executor(launcher)

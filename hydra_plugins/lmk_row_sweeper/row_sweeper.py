@@ -321,8 +321,8 @@ class RowSweeper(Sweeper):
 
         batch_size = self.max_batch_size or max(len(pending), 1)
         returns: list[JobReturn] = []
-        status: dict[str, Any] = {j["job"]: {"status": "skipped", "job_dir": j["job_dir"]}
-                                  for j in jobs if j["skip"]}
+        status: dict[str, Any] = {j["job"]: {"status": "skipped", "job_dir": j["job_dir"],
+                                             "ended_jobs": j["ended_jobs"]} for j in jobs if j["skip"]}
         for j in (j for j in jobs if j.get("busy")):
             # another run owns the folder: leave its results.json alone, launch nothing
             log.warning("row %s not launched: %s", j["job"], j["busy"])
