@@ -224,3 +224,23 @@ def test_a_job_killed_without_a_python_exception_is_a_failed_return_with_its_cau
     task = ResumableTask(launcher=None, resume_override="ckpt_path=last")
     again = task.checkpoint(["pooling=cls", "ckpt_path=null"], "hydra.sweep.dir", 3, "id", {})
     assert again.args[0] == ["pooling=cls", "ckpt_path=last"] and again.args[1:] == ("hydra.sweep.dir", 3, "id", {})
+
+
+def test_a_job_refused_by_a_live_runs_lock_leaves_that_runs_results_alone(tmp_path):
+    """Restarting a sweep while an old job still runs: the new job is refused by the lock, and the sweeper must
+    not write "failed" into the live run's results.json."""
+    from hydra.core.utils import JobReturn, JobStatus
+
+    from hydra_plugins.lmk_row_sweeper.row_sweeper import RowSweeper
+
+    update_results(tmp_path, status="running", config_hash="abc")
+    before = (tmp_path / "results.json").read_text()
+    refused = JobReturn(status=JobStatus.FAILED)
+    refused._return_value = run_lock.RunFolderBusy(f"run folder {tmp_path} is in use by another run")
+    job = {"job": "r", "row": "r", "job_dir": str(tmp_path), "config_hash": "abc"}
+    assert RowSweeper._outcome(job, refused, time.time())["status"] == "busy"
+    assert (tmp_path / "results.json").read_text() == before
+    crashed = JobReturn(status=JobStatus.FAILED)
+    crashed._return_value = ValueError("bad data")
+    assert RowSweeper._outcome(job, crashed, time.time()) == {"status": "failed", "error": "ValueError: bad data"}
+    assert read_results(tmp_path)["status"] == "failed"

@@ -18,6 +18,7 @@ import lightning.pytorch as pl
 import torch
 
 from lmk.run import faults
+from lmk.run.lock import job_identity
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +37,12 @@ class FaultCallback(pl.Callback):
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.armed = faults.armed_step_faults(self.row)
+        if job_identity()[0] not in ("slurm", "local"):
+            # a job run inside the sweeper's process (Hydra's basic launcher): killing it would kill the sweep
+            for fault in [f for f in self.armed if f.kind in ("kill", "timeout", "stale_lock")]:
+                log.warning("%s not fired: it needs a launcher that runs jobs as processes of their own "
+                            "(launcher=submitit_local or submitit_slurm)", fault.describe())
+                self.armed.remove(fault)
         for fault in self.armed:
             if fault.kind == "stale_lock" and trainer.is_global_zero and (self.run_dir / "run.lock").is_file():
                 faults.claim_lock_as(self.run_dir, fault.host)  # this run now "lives" on another host
