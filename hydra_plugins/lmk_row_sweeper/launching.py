@@ -96,7 +96,23 @@ def death_cause(job: Any, error: BaseException) -> str:
     if kind is None:
         kind = "killed by a signal or exited without a Python exception (SIGKILL, the OOM killer, ...)"
     where = dead[0].paths.stderr if dead else tasks[0].paths.stderr
-    return f"{who} of job {job.job_id} ended without a result: {kind} (scheduler state {state}; log {where})"
+    return (f"{who} of job {job.job_id} ended without a result: {kind} (scheduler state {state}; log {where})"
+            + "".join(f"; task {t.task_id} raised {e}" for t, e in _task_errors(tasks, dead)[:1]))
+
+
+def _task_errors(tasks: List[Any], dead: List[Any]) -> List[Any]:  # noqa: UP006
+    """(task, "Type: message") of the tasks that returned a failure (e.g. the rank whose CUDA OOM made the
+    others abort): the first of them is often the root cause of the deaths."""
+    out = []
+    for task in (t for t in tasks if t not in dead):
+        try:
+            ret = task.result()
+        except Exception:  # noqa: BLE001 - an unreadable result says nothing more
+            continue
+        err = getattr(ret, "_return_value", None)
+        if getattr(ret, "status", None) == JobStatus.FAILED and isinstance(err, BaseException):
+            out.append((task, f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"))
+    return out
 
 
 def _outcome(job: Any, overrides: Sequence[str]) -> JobReturn:
