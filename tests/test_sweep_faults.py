@@ -167,7 +167,8 @@ def test_fault_plan_is_validated_and_each_fault_fires_once(tmp_path, monkeypatch
 
     plan.write_text("faults:\n  - {kind: kill, row: a, step: 1, rank: 1}\n"
                     "  - {kind: partial_download, repo: mteb/scifact}\n")
-    monkeypatch.delenv(faults.ENV_PLAN, raising=False)
+    for var in (faults.ENV_PLAN, faults.ENV_STATE):  # restored after the test (activate sets them)
+        monkeypatch.setenv(var, "")
     faults.activate(plan, tmp_path / "state")
     kill, partial = faults.active()
     assert faults.armed_step_faults("a") == [kill] and faults.armed_step_faults("b") == []
@@ -191,7 +192,8 @@ def test_nan_loss_fault_poisons_the_step_once(tmp_path, monkeypatch):
     pairs = write_pairs(tmp_path / "pairs.jsonl")
     plan = tmp_path / "plan.yaml"
     plan.write_text("faults:\n  - {kind: nan_loss, row: r, step: 1}\n")
-    monkeypatch.delenv(faults.ENV_PLAN, raising=False)
+    for var in (faults.ENV_PLAN, faults.ENV_STATE):  # restored after the test (activate sets them)
+        monkeypatch.setenv(var, "")
     faults.activate(plan, tmp_path / "state")
     run = tmp_path / "run"
     try:
