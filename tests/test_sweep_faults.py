@@ -81,6 +81,7 @@ def test_sigkilled_row_is_recorded_others_finish_and_the_rerun_resumes(tmp_path)
     victim = read_results(out / "victim")
     assert victim["status"] == "done" and victim["checkpoints"]["resumed_from"].endswith("last.ckpt")
     assert 0 < victim["timings"]["fit_steps"] < 40  # only the steps after the last checkpoint ran again
+    assert victim["error"] is None and "ended without a result" in victim["interruptions"][0]["error"]
     assert _steps(out / "victim") == list(range(40))  # every step logged once
     assert status["victim"]["ended_jobs"] == [owner["job_id"]]
 
@@ -275,3 +276,14 @@ def test_fault_plan_under_ddp_kill_timeout_and_stale_lock_then_rerun_resumes(tmp
         assert res["status"] == "done" and res["timings"]["fit_steps"] == 4 - resumed_at, row
         assert _steps(out / row) == [0, 1, 2, 3]
     assert json.loads((out / "sweep_status.json").read_text())["b"]["status"] == "skipped"
+
+
+def test_a_resumed_run_that_finishes_shows_no_error_but_keeps_its_interruptions(tmp_path):
+    pairs = write_pairs(tmp_path / "pairs.jsonl")
+    run = tmp_path / "run"
+    in_process(run, pairs, "trainer.max_steps=1", "train.checkpoint_every_n_steps=1")
+    update_results(run, status="failed", error="JobDied: task 0 of job 7 ended without a result")  # the sweeper
+    in_process(run, pairs, "trainer.max_steps=2", "train.checkpoint_every_n_steps=1", "ckpt_path=last")
+    res = read_results(run)
+    assert res["status"] == "done" and res["error"] is None and res["metrics"]["global_step"] == 2
+    assert [i["error"] for i in res["interruptions"]] == ["JobDied: task 0 of job 7 ended without a result"]

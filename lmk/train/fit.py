@@ -36,7 +36,7 @@ from lmk.run.loggers import (
     use_hydra_logging,
     wandb_info,
 )
-from lmk.run.results import Timer, config_hash_of, git_commit, update_results
+from lmk.run.results import Timer, config_hash_of, git_commit, read_results, update_results
 from lmk.train.fault_hooks import FaultCallback
 from lmk.train.module import ContrastiveModule
 from lmk.train.resume import ExactResume, start_fresh
@@ -165,7 +165,17 @@ def _start(run: _Run) -> None:
         if run.ckpt is None:
             start_fresh(run.run_dir)  # a new run never appends to an old metrics.csv / W&B run
         update_results(run.run_dir, fresh=run.ckpt is None, status="running", config=run.resolved,
-                       config_hash=run.digest, git_commit=git_commit())
+                       config_hash=run.digest, git_commit=git_commit(),
+                       **(_interruptions(run.run_dir) if run.ckpt else {}))
+
+
+def _interruptions(run_dir: Path) -> dict[str, Any]:
+    """A resumed run: the error that interrupted it moves to `interruptions` (a finished run shows no error)."""
+    previous = read_results(run_dir)
+    history = list(previous.get("interruptions") or [])
+    if previous.get("error"):
+        history.append({"error": previous["error"], "at": previous.get("updated_at")})
+    return {"error": None, "traceback": None, "interruptions": history} if history else {}
 
 
 def _setup(run: _Run) -> None:
