@@ -4,8 +4,11 @@ The basic sweeper only builds cartesian products; a paper table is a list of het
 (`pooling=cls`, `pooling=lmk-fixed pooling.chunk_size=64`, ...). This sweeper launches one job per
 row through whatever launcher is configured (local, submitit/SLURM), so the same sweep runs on a
 laptop and on a cluster. It also makes the sweep resumable: a row whose job folder already holds a
-completed `results.json` with the same config hash is skipped (`force=true` reruns everything), and
-a failed job is recorded while the other rows go on.
+completed `results.json` with the same config hash is skipped (`force=true` reruns everything), an
+interrupted one with a checkpoint and the same hash resumes from it (`ckpt_path=last`), and a failed job,
+one killed without a Python exception too (`launching.py`), is recorded while the other rows go on. A row
+whose folder a live run holds (`run.lock`, judged from any host with the sweep's record of the jobs it
+launched, `sweep_status.json`) is not launched, and that run's files are left alone.
 """
 # No `from __future__ import annotations` here: Hydra imports plugin modules outside sys.modules and
 # dataclasses then cannot resolve string annotations.
