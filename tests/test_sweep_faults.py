@@ -47,8 +47,9 @@ def test_sigkilled_row_is_recorded_others_finish_and_the_rerun_resumes(tmp_path)
     """The done-when of issue 20: a row's process SIGKILLed from outside under submitit's local executor."""
     out = tmp_path / "sweep"
     rows = {"victim": ["pooling=cls"], "other": ["pooling=mean"]}
-    args = ("launcher=submitit_local", "launcher.tasks_per_node=1", "trainer.max_steps=40",
-            "train.checkpoint_every_n_steps=4", "trainer.log_every_n_steps=1")
+    # many short steps: the kill lands right after the first checkpoint, long before the end
+    args = ("launcher=submitit_local", "launcher.tasks_per_node=1", "trainer.max_steps=200",
+            "train.checkpoint_every_n_steps=10", "trainer.log_every_n_steps=1")
     sweep = _row_sweep(out, rows, *args, wait=False)
     try:
         ckpt, deadline = out / "victim" / "checkpoints" / "last.ckpt", time.time() + 600
@@ -80,9 +81,9 @@ def test_sigkilled_row_is_recorded_others_finish_and_the_rerun_resumes(tmp_path)
     assert "ckpt_path=last" in plan["victim"]["overrides"]
     victim = read_results(out / "victim")
     assert victim["status"] == "done" and victim["checkpoints"]["resumed_from"].endswith("last.ckpt")
-    assert 0 < victim["timings"]["fit_steps"] < 40  # only the steps after the last checkpoint ran again
+    assert 0 < victim["timings"]["fit_steps"] < 200  # only the steps after the last checkpoint ran again
     assert victim["error"] is None and "ended without a result" in victim["interruptions"][0]["error"]
-    assert _steps(out / "victim") == list(range(40))  # every step logged once
+    assert _steps(out / "victim") == list(range(200))  # every step logged once
     assert status["victim"]["ended_jobs"] == [owner["job_id"]]
 
 
