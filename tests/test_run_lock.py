@@ -112,9 +112,61 @@ def test_lock_being_written_is_not_stale_but_an_old_unreadable_one_is(tmp_path):
     assert json.loads(path.read_text())["pid"] == os.getpid()
 
 
+def _as_task(monkeypatch, rank: int, job: str = "4242") -> None:
+    """This process as task `rank` of submitit local job `job` (the environment the executor gives a task)."""
+    for var in ("SLURM_JOB_ID", "SLURM_PROCID", "RANK", "LOCAL_RANK", run_lock.TOKEN_VAR):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("SUBMITIT_EXECUTOR", "local")
+    monkeypatch.setenv("SUBMITIT_LOCAL_JOB_ID", job)
+    monkeypatch.setenv("SUBMITIT_LOCAL_GLOBALID", str(rank))
+
+
 @pytest.mark.parametrize("var", ["LOCAL_RANK", "SLURM_PROCID", "SUBMITIT_LOCAL_GLOBALID"])
 def test_non_zero_ranks_never_lock(tmp_path, monkeypatch, var):
+    _as_task(monkeypatch, 0)
     monkeypatch.setenv(var, "1")  # Lightning's DDP children, SLURM tasks, submitit's local tasks
+    _fake_lock(tmp_path, host="node-3", pid=1, job_id="4242", scheduler="local")  # rank 0 of this job owns it
     update_results(tmp_path, status="done")
-    assert run_lock.claim(tmp_path) is None and not (tmp_path / run_lock.LOCK_FILE).exists()
+    lock = (tmp_path / run_lock.LOCK_FILE).read_text()
+    assert run_lock.claim(tmp_path) is None and (tmp_path / run_lock.LOCK_FILE).read_text() == lock
 
+
+def test_other_ranks_exit_at_once_when_rank_zero_refuses(tmp_path, monkeypatch):
+    """Rank 0 refuses before any process group forms and records it: the job's other ranks raise the same
+    refusal at once instead of waiting 30 minutes at the rendezvous for a rank 0 that is gone."""
+    _fake_lock(tmp_path, host=socket.gethostname(), pid=os.getppid(), started="then")  # a live foreign run
+    _as_task(monkeypatch, 0)
+    with pytest.raises(run_lock.RunFolderBusy, match="in use by another run"):
+        run_lock.claim(tmp_path)
+    _as_task(monkeypatch, 1)
+    t0 = time.monotonic()
+    with pytest.raises(run_lock.RunFolderBusy, match="in use by another run"):
+        run_lock.claim(tmp_path)
+    assert time.monotonic() - t0 < 5
+    _as_task(monkeypatch, 1, job="999")  # another job's refusal is not this job's: it waits (here 0.5 s)
+    with pytest.raises(run_lock.RunFolderBusy, match="did not claim"):
+        run_lock.follow_rank_zero(tmp_path, timeout_s=0.5)
+
+
+def test_lock_names_its_job_and_is_judged_from_any_host(tmp_path, monkeypatch):
+    _as_task(monkeypatch, 0, job="31337")
+    path = run_lock.acquire(tmp_path / "a")
+    record = json.loads(path.read_text())
+    assert record["job_id"] == "31337" and record["scheduler"] == "local"
+    run_lock.release(tmp_path / "a")
+    # A requeued job landing on another host finds its earlier incarnation's lock: stale, taken over.
+    _fake_lock(tmp_path / "b", host="node-9", pid=77, job_id="31337", scheduler="local", started="then")
+    with pytest.warns(UserWarning, match="stale lock"):
+        run_lock.acquire(tmp_path / "b")
+    # A SLURM job on another host: the scheduler decides; without one here it cannot be judged.
+    owner = {"host": "node-9", "pid": 77, "job_id": "555", "scheduler": "slurm"}
+    assert run_lock.judge(owner) == "unknown"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    squeue = bin_dir / "squeue"  # SLURM's squeue, answering as it does for a job it no longer lists
+    squeue.write_text("#!/bin/sh\necho 'slurm_load_jobs error: Invalid job id specified' >&2\nexit 1\n")
+    squeue.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    assert run_lock.judge(owner) == "dead"
+    squeue.write_text("#!/bin/sh\necho RUNNING\n")
+    assert run_lock.judge(owner) == "alive"

@@ -4,15 +4,20 @@ The basic sweeper only builds cartesian products; a paper table is a list of het
 (`pooling=cls`, `pooling=lmk-fixed pooling.chunk_size=64`, ...). This sweeper launches one job per
 row through whatever launcher is configured (local, submitit/SLURM), so the same sweep runs on a
 laptop and on a cluster. It also makes the sweep resumable: a row whose job folder already holds a
-completed `results.json` with the same config hash is skipped (`force=true` reruns everything), and
-a failed job is recorded while the other rows go on.
+completed `results.json` with the same config hash is skipped (`force=true` reruns everything), an
+interrupted one with a checkpoint and the same hash resumes from it (`ckpt_path=last`), and a failed job,
+one killed without a Python exception too (`launching.py`), is recorded while the other rows go on. A row
+whose folder a live run holds (`run.lock`, judged from any host with the sweep's record of the jobs it
+launched, `sweep_status.json`) is not launched, and that run's files are left alone.
 """
 # No `from __future__ import annotations` here: Hydra imports plugin modules outside sys.modules and
 # dataclasses then cannot resolve string annotations.
 
 import difflib
+import json
 import logging
 import shlex
+import socket
 import sys
 import time
 from dataclasses import dataclass, field
@@ -29,7 +34,11 @@ from hydra.types import HydraContext, TaskFunction
 from hydra.utils import get_method
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
+from hydra_plugins.lmk_row_sweeper.launching import launch
 from lmk.config import ConfigError, effective_batch
+from lmk.run import faults
+from lmk.run import lock as run_lock
+from lmk.run.cli import error_line
 from lmk.run.console import verbose
 from lmk.run.files import write_json
 from lmk.run.results import STATUS_DONE, config_hash_of, read_results, update_results
@@ -116,6 +125,44 @@ def _row_error(row: str, row_overrides: list[str], exc: Exception, config: Any) 
     return ConfigError(f"row {row!r} ({' '.join(row_overrides)}): {reason}")
 
 
+STATUS_FILE = "sweep_status.json"
+RESUME = "ckpt_path=last"  # a row with a checkpoint and the same config hash resumes from it
+
+
+def _read_status(sweep_dir: Path) -> Dict[str, Any]:  # noqa: UP006
+    """The previous sweep's record of this folder's jobs ({} when there is none or it is unreadable)."""
+    try:
+        return json.loads((sweep_dir / STATUS_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _ended_jobs(entry: Dict[str, Any]) -> List[str]:  # noqa: UP006
+    """The ids of a row's jobs that a sweep saw end (its record is carried from sweep to sweep)."""
+    ended = list(entry.get("ended_jobs") or [])
+    if entry.get("job_id") and entry.get("status") in ("completed", "failed"):
+        ended.append(str(entry["job_id"]))
+    return sorted(set(ended))
+
+
+def lock_verdict(job_dir: Path, previous: Dict[str, Any]) -> Any:  # noqa: UP006
+    """(verdict, owner) of a row folder's run.lock: "free" (none), "alive", "dead" or "unknown". What
+    `lmk.run.lock.judge` cannot tell from here is judged from the sweep's record: a job it saw end is dead;
+    a job it queued on submitit's local executor on this host lives as long as its controller process."""
+    owner = run_lock.read_owner(job_dir)
+    if not owner:
+        return "free", owner  # none, or half-written: the job's own claim judges that one
+    verdict = run_lock.judge(owner)
+    job = str(owner.get("job_id") or "")
+    if verdict == "unknown" and job:
+        if job in _ended_jobs(previous):
+            verdict = "dead"
+        elif previous.get("job_id") == job and previous.get("scheduler") == "local" \
+                and previous.get("host") == socket.gethostname() and job.isdigit():
+            verdict = run_lock.judge({"host": socket.gethostname(), "pid": int(job)})  # the job's controller
+    return verdict, owner
+
+
 class RowSweeper(Sweeper):
     def __init__(
         self,
@@ -155,6 +202,7 @@ class RowSweeper(Sweeper):
                     "put each variant in its own row"
                 )
         sweep_dir = Path(self.config.hydra.sweep.dir)
+        record = _read_status(sweep_dir)
         check = get_method(self.validate) if self.validate else None
         report = get_method(self.report) if self.report else None
         jobs = []
@@ -184,12 +232,35 @@ class RowSweeper(Sweeper):
                              job, previous.get("config_hash"), digest)
                 if not done and previous.get("status") == STATUS_DONE and "overwrite" in job_cfg:
                     overrides.append("overwrite=true")  # rerunning a finished folder is this sweep's decision
+                resumable = "ckpt_path" in job_cfg
+                if not done and not self.force and resumable and previous.get("config_hash") == digest \
+                        and (job_dir / "checkpoints" / "last.ckpt").is_file():
+                    overrides.append(RESUME)  # an interrupted row goes on from its last checkpoint
                 entry = {"row": row, "job": job, "seed": seed, "overrides": overrides, "job_dir": str(job_dir),
-                         "config_hash": digest, "skip": done, "effective_batch": _effective_batch(job_cfg)}
+                         "config_hash": digest, "skip": done, "effective_batch": _effective_batch(job_cfg),
+                         "resumable": resumable, "ended_jobs": _ended_jobs(record.get(job) or {})}
+                if not done:
+                    entry["busy"] = self._busy(job_dir, record.get(job) or {}, clear=not self.dry_run)
                 if job_report is not None:
                     entry["report"] = job_report
                 jobs.append(entry)
         return jobs
+
+    @staticmethod
+    def _busy(job_dir: Path, previous: Dict[str, Any], clear: bool) -> Optional[str]:  # noqa: UP006, UP045
+        """Why the row must not launch now (its folder's lock belongs to a live or unjudgeable run), else None;
+        a lock of a run known to be over is removed (`clear`; not in a dry run)."""
+        verdict, owner = lock_verdict(job_dir, previous)
+        if verdict == "dead":
+            if clear and run_lock.remove_stale(job_dir, owner):
+                log.warning("row %s: removed the stale lock of pid %s on %s (job %s is over)", job_dir.name,
+                            owner.get("pid"), owner.get("host"), owner.get("job_id"))
+            return None
+        if verdict in ("alive", "unknown"):
+            return (f"running elsewhere: pid {owner.get('pid')} on {owner.get('host')} (job {owner.get('job_id')}) "
+                    f"holds {job_dir / run_lock.LOCK_FILE}" + ("" if verdict == "alive" else
+                    "; it cannot be checked from here: delete the lock if that job is gone"))
+        return None
 
     def _check_job(self, check: Any, job_cfg: DictConfig, job_dir: Path, row: str, row_overrides: list[str]) -> None:
         """Run `check` on the job's config as the job would see it (Hydra runtime set to its folder)."""
@@ -261,8 +332,15 @@ class RowSweeper(Sweeper):
 
         batch_size = self.max_batch_size or max(len(pending), 1)
         returns: list[JobReturn] = []
-        status: dict[str, Any] = {j["job"]: {"status": "skipped", "job_dir": j["job_dir"]}
-                                  for j in jobs if j["skip"]}
+        status: dict[str, Any] = {j["job"]: {"status": "skipped", "job_dir": j["job_dir"],
+                                             "ended_jobs": j["ended_jobs"]} for j in jobs if j["skip"]}
+        for j in (j for j in jobs if j.get("busy")):
+            # another run owns the folder: leave its results.json alone, launch nothing
+            log.warning("row %s not launched: %s", j["job"], j["busy"])
+            status[j["job"]] = {"status": "busy", "job_dir": j["job_dir"], "error": j["busy"],
+                                "ended_jobs": j["ended_jobs"]}
+        pending = [j for j in pending if not j.get("busy")]
+        resume = RESUME if any(j["resumable"] for j in pending) else None
         started = time.perf_counter()
         for first in range(0, len(pending), batch_size):
             batch = pending[first:first + batch_size]
@@ -274,25 +352,43 @@ class RowSweeper(Sweeper):
                 eta_txt = ""
             for i, job in enumerate(batch, first + 1):
                 print_line(start_line(job, self.rows[job["row"]], i, len(pending), program, eta_txt))
-            tic = time.perf_counter()
+            tic, since = time.perf_counter(), time.time()
+
+            def queued(infos: list[dict], batch: list[dict] = batch) -> None:
+                for job, info in zip(batch, infos):  # the record a later sweep judges this job's lock by
+                    status[job["job"]] = {"status": "launched", "job_dir": job["job_dir"], **info,
+                                          "ended_jobs": job["ended_jobs"]}
+                write_json(sweep_dir / STATUS_FILE, status)
+
             with quiet_launcher():
-                results = self.launcher.launch([j["overrides"] for j in batch], initial_job_idx=first)
+                results = launch(self.launcher, [j["overrides"] for j in batch], first, resume, queued)
             for job, ret in zip(batch, results):
-                ok = ret.status == JobStatus.COMPLETED
-                entry = {"status": "completed" if ok else "failed", "job_dir": job["job_dir"],
+                entry = {**status.get(job["job"], {"ended_jobs": job["ended_jobs"]}),
+                         **self._outcome(job, ret, since), "job_dir": job["job_dir"],
                          "seconds": round((time.perf_counter() - tic) / len(batch), 1)}
-                err = None
-                if not ok:
-                    # Record, keep going: one broken row must not cost the other rows.
-                    err = ret._return_value
-                    entry["error"] = f"{type(err).__name__}: {err}"
-                    update_results(job["job_dir"], status="failed", error=entry["error"],
-                                   config_hash=job["config_hash"], row=job["row"])
-                print_line(result_line(job, entry["seconds"], err))
+                print_line(result_line(job, entry["seconds"], entry.get("error")))
                 status[job["job"]] = entry
+            write_json(sweep_dir / STATUS_FILE, status)
             returns.extend(results)
-        write_json(sweep_dir / "sweep_status.json", status)
-        failed = [r for r, s in status.items() if s["status"] == "failed"]
+        write_json(sweep_dir / STATUS_FILE, status)
+        failed = [r for r, s in status.items() if s["status"] in ("failed", "busy")]
         print_line(f"sweep finished: {len(pending)} run, {len(jobs) - len(pending)} skipped, {len(failed)} failed"
                    + (f" ({', '.join(failed)})" if failed else ""))
         return returns
+
+    @staticmethod
+    def _outcome(job: Dict[str, Any], ret: JobReturn, since: float) -> Dict[str, Any]:  # noqa: UP006
+        """A launched job's status entry; a failure is recorded in its results.json (the others go on)."""
+        if ret.status == JobStatus.COMPLETED:
+            return {"status": "completed"}
+        err = ret._return_value
+        if isinstance(err, run_lock.RunFolderBusy) or type(err).__name__ == "RunFolderBusy":
+            # refused by another run's lock: that run's results.json is not this job's to write
+            return {"status": "busy", "error": error_line(err)}
+        error = error_line(err)
+        injected = [f["cause"] for f in faults.fired(job["row"], since) if f.get("row") == job["row"]]
+        if injected:
+            error += f" ({'; '.join(injected)})"
+        # Record, keep going: one broken row must not cost the other rows (the console line: result_line).
+        update_results(job["job_dir"], status="failed", error=error, config_hash=job["config_hash"], row=job["row"])
+        return {"status": "failed", "error": error}

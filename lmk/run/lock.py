@@ -5,10 +5,14 @@ checkpoints, so a second run refuses with a message naming the owner. The lock i
 callback `RunLockCallback` before Hydra writes `.hydra/` (single runs), else by `lmk.train.fit.fit`
 (multirun jobs, in-process calls); taking it again from the owning process is a no-op.
 
-Stale locks: on the same host a lock whose pid is gone (or reused by a newer process: the start time
-differs, or a zombie) is replaced with a warning. A lock from another host cannot be checked from here
-and is always honoured; the message says to delete the file when that host's run is known to be dead.
-Under DDP only global rank 0 owns the folder (other ranks never lock).
+Stale locks: the lock names the owner's host, pid and process start time, and the scheduler's job id
+(SLURM's, or submitit's local job), so it can be judged from any host (`judge`): on the owner's host by its
+pid (gone, reused by a newer process, or a zombie: stale); elsewhere by the scheduler (`squeue`, when there is
+one: a job it no longer lists is over); a lock of this very job left by an earlier incarnation (a requeue that
+landed on another host) is stale. What cannot be judged is honoured, with the fix named; the row sweeper,
+which knows the jobs it launched, clears such a lock when its job is known to be over.
+Under DDP only global rank 0 owns the folder; the other ranks wait (before any process group forms) until
+the lock names their job, or rank 0 recorded its refusal (`run.lock.refused`): then they exit at once too.
 
 A finished folder (results.json `status: done`) is reused only to resume it (`ckpt_path=last` or a
 .ckpt path) or with `overwrite=true`.
@@ -19,7 +23,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import socket
+import subprocess
 import sys
 import time
 import warnings
@@ -30,11 +36,16 @@ from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf
 
 from lmk.config.schema import UserError
+from lmk.run.files import write_json
 from lmk.run.results import STATUS_DONE, read_results
 
 log = logging.getLogger(__name__)
 
 LOCK_FILE = "run.lock"
+REFUSED_FILE = "run.lock.refused"  # rank 0's refusal, read by the job's other ranks
+TOKEN_VAR = "LMK_RUN_TOKEN"  # a job id for runs without a scheduler; Lightning's DDP children inherit it
+FOLLOW_TIMEOUT_S = 300.0  # how long a non-zero rank waits for rank 0 to claim the folder
+_T0 = time.time()  # about when this process started (a refusal older than that is another job's)
 # Env vars launchers set on non-zero ranks (Lightning's DDP children, torchrun, SLURM tasks, the tasks of
 # submitit's local executor: without the last, rank 1 of a rehearsal found rank 0's lock and quit).
 _RANK_VARS = ("RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK", "SUBMITIT_LOCAL_GLOBALID")
@@ -58,10 +69,27 @@ def _proc_start(pid: int) -> tuple[str, int] | None:
     return fields[0], int(fields[19])
 
 
+def job_identity() -> tuple[str | None, str | None]:
+    """(scheduler, job id) of this process's job, shared by all its ranks: SLURM's job id (`<array>_<task>`
+    for an array task, as submitit names it), submitit's local job, or $LMK_RUN_TOKEN; (None, None) else."""
+    env = os.environ
+    if env.get("SLURM_JOB_ID"):
+        array = env.get("SLURM_ARRAY_JOB_ID")
+        return "slurm", f"{array}_{env.get('SLURM_ARRAY_TASK_ID')}" if array else env["SLURM_JOB_ID"]
+    if env.get("SUBMITIT_EXECUTOR") == "local" and env.get("SUBMITIT_LOCAL_JOB_ID"):
+        return "local", env["SUBMITIT_LOCAL_JOB_ID"]
+    if env.get(TOKEN_VAR):
+        return "lmk", env[TOKEN_VAR]
+    return None, None
+
+
 def _owner_record() -> dict[str, Any]:
     proc = _proc_start(os.getpid())
+    if job_identity()[1] is None:  # no scheduler: Lightning's DDP children inherit this token and follow
+        os.environ[TOKEN_VAR] = f"{socket.gethostname()}:{os.getpid()}:{proc[1] if proc else time.time()}"
+    scheduler, job_id = job_identity()
     return {"host": socket.gethostname(), "pid": os.getpid(), "proc_start": proc[1] if proc else None,
-            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "scheduler": scheduler, "job_id": job_id}
 
 
 def _is_alive(owner: dict[str, Any]) -> bool:
@@ -80,6 +108,47 @@ def _is_alive(owner: dict[str, Any]) -> bool:
         return True
     state, start = proc
     return state != "Z" and (owner.get("proc_start") is None or start == owner["proc_start"])
+
+
+def _scheduler_verdict(job_id: str) -> str:
+    """"alive" | "dead" | "unknown" for a SLURM job, asked of `squeue` (unknown where there is none)."""
+    if shutil.which("squeue") is None:
+        return "unknown"
+    try:
+        proc = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True,
+                              timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    if proc.returncode == 0:
+        return "alive" if proc.stdout.strip() else "dead"
+    return "dead" if "invalid job id" in proc.stderr.lower() else "unknown"
+
+
+def judge(owner: dict[str, Any]) -> str:
+    """Whether a lock's owner still runs, judged from this host: "alive", "dead" or "unknown"."""
+    scheduler, job_id = job_identity()
+    if scheduler in ("slurm", "local") and owner.get("job_id") == job_id and owner.get("scheduler") == scheduler \
+            and not _is_me(owner):
+        return "dead"  # an earlier incarnation of this job (requeued): a scheduler never runs a job twice
+    if owner.get("host") == socket.gethostname():
+        return "alive" if _is_alive(owner) else "dead"
+    if owner.get("scheduler") == "slurm" and owner.get("job_id"):
+        return _scheduler_verdict(str(owner["job_id"]))
+    return "unknown"
+
+
+def read_owner(run_dir: str | os.PathLike) -> dict[str, Any] | None:
+    """The lock's record (None: no lock; {}: unreadable)."""
+    return _read(Path(run_dir) / LOCK_FILE)
+
+
+def remove_stale(run_dir: str | os.PathLike, owner: dict[str, Any]) -> bool:
+    """Remove the lock if it still holds `owner`'s record (judged stale by the caller); whether it did."""
+    path = Path(run_dir) / LOCK_FILE
+    if _read(path) != owner:
+        return False  # retaken meanwhile
+    path.unlink(missing_ok=True)
+    return True
 
 
 def _is_me(owner: dict[str, Any]) -> bool:
@@ -107,12 +176,15 @@ def _age(path: Path) -> float:
         return 0.0
 
 
-def _busy_message(run_dir: Path, owner: dict[str, Any]) -> str:
+def _busy_message(run_dir: Path, owner: dict[str, Any], verdict: str = "alive") -> str:
     host, here = owner.get("host", "?"), socket.gethostname()
-    where = "this host" if host == here else f"host {host} (cannot be checked from {here})"
-    return (f"run folder {run_dir} is in use by another run: pid {owner.get('pid', '?')} on {where}, started "
-            f"{owner.get('started', '?')}. Wait for it to finish or choose another hydra.run.dir; if that "
-            f"process is known to be gone, delete {run_dir / LOCK_FILE}")
+    where = "this host" if host == here else f"host {host}" + (
+        f" (cannot be checked from {here})" if verdict == "unknown" else "")
+    job = f" (job {owner['job_id']})" if owner.get("job_id") else ""
+    return (f"run folder {run_dir} is in use by another run: pid {owner.get('pid', '?')} on {where}{job}, started "
+            f"{owner.get('started', '?')}; wait for it to finish or choose another hydra.run.dir, and if that "
+            f"process is known to be gone, delete {run_dir / LOCK_FILE} (a rerun of the sweep that launched it "
+            "clears it by itself)")
 
 
 def acquire(run_dir: str | os.PathLike) -> Path:
@@ -132,14 +204,14 @@ def acquire(run_dir: str | os.PathLike) -> Path:
                 continue
             if owner and _is_me(owner):
                 return path
-            if owner and (owner.get("host") != socket.gethostname() or _is_alive(owner)):
-                raise RunFolderBusy(_busy_message(run_dir, owner)) from None
+            verdict = judge(owner) if owner else "dead"
+            if verdict != "dead":
+                raise RunFolderBusy(_busy_message(run_dir, owner, verdict)) from None
             # Stale: re-read just before removing so a lock retaken meanwhile is not deleted.
-            if _read(path) == owner:
+            if remove_stale(run_dir, owner):
                 # a warning, not a log line: Hydra has not configured logging yet when its callback claims
-                warnings.warn(f"removing the stale lock {path} of pid {owner.get('pid')} (no longer running)",
-                              stacklevel=2)
-                path.unlink(missing_ok=True)
+                warnings.warn(f"removing the stale lock {path} of pid {owner.get('pid')} on "
+                              f"{owner.get('host', '?')} (no longer running)", stacklevel=2)
             continue
         with os.fdopen(fd, "w") as fh:  # os.open applies the umask to 0o666 itself
             json.dump(_owner_record(), fh)
@@ -169,16 +241,52 @@ def check_reuse(run_dir: str | os.PathLike, ckpt_path: Any, overwrite: bool) -> 
                             "with ckpt_path=last, start over with overwrite=true, or choose another hydra.run.dir")
 
 
+def follow_rank_zero(run_dir: str | os.PathLike, timeout_s: float = FOLLOW_TIMEOUT_S) -> None:
+    """A non-zero rank: return once the lock names this job; raise RunFolderBusy as soon as rank 0 recorded
+    its refusal (so no rank waits at the rendezvous for a rank 0 that is gone). Without a job identity
+    (an unknown launcher) there is nothing to compare: return."""
+    scheduler, job_id = job_identity()
+    if job_id is None:
+        return
+    run_dir = Path(run_dir).resolve()
+    deadline = time.monotonic() + timeout_s
+    while True:
+        owner = _read(run_dir / LOCK_FILE)
+        if owner and owner.get("job_id") == job_id and owner.get("scheduler") == scheduler:
+            return
+        refusal = _read(run_dir / REFUSED_FILE)
+        if refusal and refusal.get("job_id") == job_id and float(refusal.get("t", 0)) >= _T0 - 600:
+            raise RunFolderBusy(str(refusal.get("message")))
+        if time.monotonic() > deadline:
+            raise RunFolderBusy(f"rank 0 of job {job_id} did not claim {run_dir} within {timeout_s:.0f} s; see "
+                                "rank 0's log for why it stopped")
+        time.sleep(0.2)
+
+
+def _record_refusal(run_dir: str | os.PathLike, message: str) -> None:
+    scheduler, job_id = job_identity()
+    if job_id is not None:
+        write_json(Path(run_dir) / REFUSED_FILE, {"scheduler": scheduler, "job_id": job_id, "message": message,
+                                                 "t": time.time()})
+
+
 def claim(run_dir: str | os.PathLike, ckpt_path: Any = None, overwrite: bool = False) -> Path | None:
-    """Lock `run_dir` for this run (global rank 0 only), refusing a finished folder; the lock path or None."""
+    """Lock `run_dir` for this run (global rank 0), refusing a finished folder; the lock path. Other ranks
+    take no lock: they follow rank 0's verdict (`follow_rank_zero`) and get None."""
     if not is_global_rank_zero():
+        follow_rank_zero(run_dir)
         return None
-    path = acquire(run_dir)
     try:
-        check_reuse(run_dir, ckpt_path, overwrite)
-    except RunFolderBusy:
-        release(run_dir)
+        path = acquire(run_dir)
+        try:
+            check_reuse(run_dir, ckpt_path, overwrite)
+        except RunFolderBusy:
+            release(run_dir)
+            raise
+    except RunFolderBusy as err:
+        _record_refusal(run_dir, str(err))  # the job's other ranks exit on it at once
         raise
+    (Path(run_dir).resolve() / REFUSED_FILE).unlink(missing_ok=True)
     return path
 
 

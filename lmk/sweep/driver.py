@@ -32,6 +32,7 @@ from typing import Any
 import yaml
 
 from lmk.config import UserError
+from lmk.run import faults
 from lmk.run.cli import full_errors, report
 from lmk.sweep.eval_stage import run_stage
 from lmk.sweep.jobs import Block, job_id, train_block, zeroshot_block
@@ -82,6 +83,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--seeds", default=None, help="comma-separated seeds: each fine-tuned row once per seed")
     parser.add_argument("--throughput", default=None, help="a gpu-check JSON the cost estimate reads as measured "
                         "(a CPU scale needs one: python -m benchmarks.gpu_check --cpu-smoke writes it)")
+    parser.add_argument("--faults", default=None,
+                        help="a fault plan (a name of <spec dir>/faults/ or a YAML path): rehearse a bad day")
     return parser
 
 
@@ -119,6 +122,11 @@ def _load(parser: argparse.ArgumentParser, argv: list[str] | None) -> Sweep:
             parser.error(f"unknown rows {unknown}; rows: {', '.join(r.id for r in rows)}")
         rows = [r for r in rows if r.id in wanted]
     out = Path(args.out or f"outputs/{spec.name}/{args.scale}").resolve()
+    if args.faults:
+        try:  # every job inherits the plan through the environment: the configs (and hashes) stay as they are
+            faults.activate(faults.resolve_plan(args.faults, Path(args.spec).parent), out / "faults")
+        except ValueError as exc:
+            raise SpecError(str(exc)) from exc
     return Sweep(args, spec, scale, rows, seeds, out)
 
 
@@ -142,7 +150,7 @@ def _run_training_blocks(sweep: Sweep, hub: list[str]) -> tuple[int, int | None]
             if args.dry_run or not launched:
                 return failures, code  # nothing launched (a bad row config): no table to build
         if status_file.exists():
-            failed = [r for r, s in json.loads(status_file.read_text()).items() if s["status"] == "failed"]
+            failed = [r for r, s in json.loads(status_file.read_text()).items() if s["status"] in ("failed", "busy")]
             if failed:
                 print(f"[lmk.sweep] failed rows in {block.name}: {', '.join(failed)} (recorded; others kept)",
                       file=sys.stderr)
@@ -197,6 +205,9 @@ def main(argv: list[str] | None = None) -> int:
 
         # the scale's hub mirror, filled before any job starts; every job reads it (hub.mirror)
         mirror_dir = prepare(sweep.scale, sweep.out, sweep.args.dry_run) if sweep.args.stage != "table" else None
+        if not sweep.args.dry_run:
+            for fault in faults.inject_mirror_faults(mirror_dir):
+                print(f"[lmk.sweep] {fault}", file=sys.stderr, flush=True)
     except UserError as exc:  # a bad spec, scale or mirror: what is wrong and the fix (lmk.run.cli)
         if full_errors():  # the full trace on request (HYDRA_FULL_ERROR=1 or LMK_DEBUG=1)
             raise

@@ -30,7 +30,7 @@ from typing import Any
 from lmk.config.eval import EvalConfig
 from lmk.eval.scoring import group_scores
 from lmk.run.files import write_json
-from lmk.run.results import STATUS_DONE, update_results
+from lmk.run.results import STATUS_DONE, read_results, update_results
 from lmk.sweep.jobs import SEP, eval_block, plan_shards, stage_suite
 from lmk.sweep.spec import Scale
 
@@ -53,6 +53,16 @@ def model_fingerprint(run_dir: str | Path) -> str | None:
     return h.hexdigest()[:16]
 
 
+def trained_fingerprint(run_dir: str | Path) -> str | None:
+    """The model fingerprint of a training run that finished (results.json `status: done`); None for a run
+    that failed, was killed or still runs, even when it left `export/` or a checkpoint."""
+    try:
+        finished = read_results(run_dir).get("status") == STATUS_DONE
+    except ValueError:  # unreadable results.json: not a finished run
+        finished = False
+    return model_fingerprint(run_dir) if finished else None
+
+
 def _read(path: Path) -> dict[str, Any]:
     try:
         return json.loads(path.read_text()) if path.is_file() else {}
@@ -68,7 +78,7 @@ def merge(rows: Sequence[str], train_dir: str | Path, eval_dir: str | Path, suit
     report: dict[str, dict[str, Any]] = {}
     for row in rows:
         run = Path(train_dir) / row
-        fp = model_fingerprint(run)
+        fp = trained_fingerprint(run)
         if fp is None:
             continue
         tasks: dict[str, Any] = {}
@@ -130,11 +140,11 @@ def run_stage(scale: Scale, rows: Sequence[str], out: Path, group: str, force: b
               f"{', '.join(f'{s} ({len(t)} tasks)' for s, t in shards.items())}), one device each; "
               f"plan in {eval_dir / 'jobs.json'}", flush=True)
         return 0
-    fingerprints = {row: model_fingerprint(train_dir / row) for row in rows}
+    fingerprints = {row: trained_fingerprint(train_dir / row) for row in rows}
     untrained = [row for row, fp in fingerprints.items() if fp is None]
     if untrained:
-        print(f"[lmk.sweep] eval stage: rows without a trained model (train them first): {', '.join(untrained)}",
-              file=sys.stderr)
+        print(f"[lmk.sweep] eval stage: rows whose training did not finish (not evaluated; rerun the sweep to "
+              f"finish them): {', '.join(untrained)}", file=sys.stderr)
     block = eval_block(scale, rows, train_dir, hub, fingerprints)
     code = 0
     if block.rows:

@@ -14,7 +14,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from lmk.run.cli import error_line
 from lmk.run.console import verbose
 from lmk.run.results import read_results
 
@@ -61,13 +60,13 @@ def _wandb(results: dict[str, Any]) -> list[str]:
     return []
 
 
-def result_line(job: dict[str, Any], seconds: float, error: BaseException | None = None) -> str:
+def result_line(job: dict[str, Any], seconds: float, error: str | None = None) -> str:
     """The row's outcome: its main scores (x100, as in the table), wall time and W&B run; or its error."""
     run_dir = Path(job["job_dir"])
     if error is not None:
         logs = sorted(run_dir.glob("*.log"))
         where = f" (log: {logs[0]})" if logs else ""
-        return f"row {job['job']}: FAILED after {_seconds(seconds)}: {error_line(error)}{where}"
+        return f"row {job['job']}: FAILED after {_seconds(seconds)}: {error}{where}"
     results = read_results(run_dir)
     return " | ".join([f"row {job['job']}: done in {_seconds(seconds)}", *_scores(results), *_wandb(results)])
 

@@ -26,6 +26,7 @@ from lmk.eval.callback import build_eval_callback
 from lmk.hub.mirror import with_mirrored_sources
 from lmk.model.embedding import EmbeddingModel
 from lmk.model.export import export_sentence_transformers
+from lmk.run import faults
 from lmk.run import lock as run_lock
 from lmk.run.cluster import cluster_plugins, submitit_rank
 from lmk.run.console import redirected
@@ -36,7 +37,8 @@ from lmk.run.loggers import (
     use_hydra_logging,
     wandb_info,
 )
-from lmk.run.results import Timer, config_hash_of, git_commit, update_results
+from lmk.run.results import Timer, config_hash_of, git_commit, read_results, update_results
+from lmk.train.fault_hooks import FaultCallback
 from lmk.train.guard import NonFiniteError, NonFiniteGuard
 from lmk.train.module import ContrastiveModule
 from lmk.train.progress import LineProgress
@@ -114,6 +116,8 @@ def build_callbacks(typed: RootConfig, run_dir: Path, has_logger: bool) -> list[
     cb = build_eval_callback(typed.eval, run_dir) if typed.eval is not None else None
     if cb is not None:
         callbacks.append(cb)
+    if faults.active():  # a rehearsal of a bad day (`--faults`): the plan's step faults of this row
+        callbacks.append(FaultCallback(run_dir, typed.row))
     return callbacks
 
 
@@ -172,7 +176,17 @@ def _start(run: _Run) -> None:
         if run.ckpt is None:
             start_fresh(run.run_dir)  # a new run never appends to an old metrics.csv / W&B run
         update_results(run.run_dir, fresh=run.ckpt is None, status="running", config=run.resolved,
-                       config_hash=run.digest, git_commit=git_commit())
+                       config_hash=run.digest, git_commit=git_commit(),
+                       **(_interruptions(run.run_dir) if run.ckpt else {}))
+
+
+def _interruptions(run_dir: Path) -> dict[str, Any]:
+    """A resumed run: the error that interrupted it moves to `interruptions` (a finished run shows no error)."""
+    previous = read_results(run_dir)
+    history = list(previous.get("interruptions") or [])
+    if previous.get("error"):
+        history.append({"error": previous["error"], "at": previous.get("updated_at")})
+    return {"error": None, "traceback": None, "interruptions": history} if history else {}
 
 
 def _setup(run: _Run) -> None:

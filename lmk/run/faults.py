@@ -1,0 +1,215 @@
+"""Fault injection: rehearse a cluster's bad day through the real path (`make reproduce-table2 FAULTS=<plan>`).
+
+A fault plan is a YAML file (`experiments/table2/faults/<name>.yaml`):
+
+    faults:
+      - {kind: kill, row: mean, rank: 1, step: 2}        # SIGKILL of rank 1 of row `mean` once step 2 is done
+      - {kind: timeout, row: cls, step: 1}               # the scheduler's time-limit signal (submitit: USR2)
+      - {kind: stale_lock, row: lmk-fixed-32, step: 1, host: node-gone-17}  # run.lock from another host, killed
+      - {kind: nan_loss, row: lmk-fixed-64, step: 2}     # the loss of step 2 is non-finite (a weight set to NaN)
+      - {kind: partial_download, repo: mteb/scifact}     # an interrupted download into the hub mirror
+
+`python -m lmk.sweep ... --faults <name|path>` puts the plan's path in `$LMK_FAULTS` and a folder of markers in
+`$LMK_FAULTS_STATE` (`<out>/faults`); every job inherits both through the launcher, so the config (and its hash)
+is the one an undisturbed run has. Each fault fires once: firing writes `<state>/<fault id>.json` first, so the
+same command run again resumes each interrupted row from its last checkpoint and meets no fault. Step faults
+are armed when a fit starts (all ranks see the same markers then) and fire at the start of the step after
+`step` optimizer steps, i.e. after step `step`'s checkpoint: a resume repeats no step.
+
+This module is torch-free; the step hooks are `lmk.train.fault_hooks.FaultCallback`, the mirror hook runs in the
+sweep driver after the mirror is ready.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+import socket
+import time
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from lmk.run.files import write_json
+
+ENV_PLAN = "LMK_FAULTS"
+ENV_STATE = "LMK_FAULTS_STATE"
+KINDS = ("kill", "timeout", "stale_lock", "nan_loss", "partial_download")
+STEP_KINDS = ("kill", "timeout", "stale_lock", "nan_loss")
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: str
+    row: str | None = None        # the job's `row` (the table row id); step faults need one
+    step: int | None = None       # optimizer steps done when it fires (step faults)
+    rank: int = 0                 # kill: the global rank killed
+    host: str = "node-gone"       # stale_lock: the host its run.lock names
+    repo: str | None = None       # partial_download: the mirror's repo (owner/name)
+    repo_kind: str = "dataset"    # partial_download: dataset | model
+    keep: tuple[str, ...] = ("README.md",)  # partial_download: files left in place (glob patterns)
+
+    @property
+    def id(self) -> str:
+        target = self.row if self.kind in STEP_KINDS else str(self.repo).replace("/", "__")
+        return f"{self.kind}-{target}" + (f"-step{self.step}" if self.step is not None else "") + (
+            f"-rank{self.rank}" if self.kind == "kill" else "")
+
+    def describe(self) -> str:
+        what = {"kill": f"SIGKILL of rank {self.rank}", "timeout": "the scheduler's time-limit signal",
+                "stale_lock": f"a run.lock claimed from host {self.host}, then SIGKILL",
+                "nan_loss": "a non-finite loss", "partial_download": f"an interrupted download of {self.repo}"}
+        where = f" at step {self.step} of row {self.row}" if self.kind in STEP_KINDS else ""
+        return f"injected fault {self.kind}: {what[self.kind]}{where}"
+
+
+def _fault(entry: Any, where: str) -> Fault:
+    if not isinstance(entry, dict):
+        raise ValueError(f"{where}: a fault must be a mapping like {{kind: kill, row: cls, step: 2}}; got {entry!r}")
+    names = {f.name for f in fields(Fault)}
+    unknown = sorted(set(entry) - names)
+    if unknown:
+        raise ValueError(f"{where}: unknown fault keys {unknown}; allowed: {', '.join(sorted(names))}")
+    kind = entry.get("kind")
+    if kind not in KINDS:
+        raise ValueError(f"{where}: fault kind {kind!r} is not valid; allowed: {', '.join(KINDS)}")
+    if kind in STEP_KINDS and (not entry.get("row") or not isinstance(entry.get("step"), int) or entry["step"] < 0):
+        raise ValueError(f"{where}: a {kind} fault needs `row` and `step` (an integer >= 0); got {entry}")
+    if kind == "partial_download" and not entry.get("repo"):
+        raise ValueError(f"{where}: a partial_download fault needs `repo` (owner/name); got {entry}")
+    values = dict(entry)
+    if "keep" in values:
+        values["keep"] = tuple(str(k) for k in values["keep"])
+    return Fault(**values)
+
+
+def load_plan(path: str | os.PathLike) -> list[Fault]:
+    """The faults of a plan file; ValueError (one line, naming the fix) for a malformed plan."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"fault plan {path} does not exist; name a file of experiments/<table>/faults/ or a path")
+    data = yaml.safe_load(path.read_text()) or {}
+    entries = data.get("faults") if isinstance(data, dict) else None
+    if not isinstance(entries, list):
+        raise ValueError(f"fault plan {path}: expected a mapping with a `faults:` list")
+    faults = [_fault(e, f"fault plan {path}, fault {i + 1}") for i, e in enumerate(entries)]
+    ids = [f.id for f in faults]
+    dupes = sorted({i for i in ids if ids.count(i) > 1})
+    if dupes:
+        raise ValueError(f"fault plan {path}: faults {dupes} are listed twice; keep one of each")
+    return faults
+
+
+def resolve_plan(name: str, spec_dir: str | os.PathLike) -> Path:
+    """`--faults bad-day` -> `<spec dir>/faults/bad-day.yaml`; a path is taken as it is."""
+    candidate = Path(name)
+    if candidate.suffix in (".yaml", ".yml") or candidate.is_file():
+        return candidate.resolve()
+    return (Path(spec_dir) / "faults" / f"{name}.yaml").resolve()
+
+
+def activate(plan: str | os.PathLike, state_dir: str | os.PathLike) -> list[Fault]:
+    """Validate `plan` and publish it to this process's children (every job of the sweep)."""
+    faults = load_plan(plan)
+    Path(state_dir).mkdir(parents=True, exist_ok=True)
+    os.environ[ENV_PLAN] = str(Path(plan).resolve())
+    os.environ[ENV_STATE] = str(Path(state_dir).resolve())
+    return faults
+
+
+def active() -> list[Fault]:
+    """The plan of this process ($LMK_FAULTS), [] when none is set."""
+    plan = os.environ.get(ENV_PLAN, "").strip()
+    return load_plan(plan) if plan else []
+
+
+def _state_dir() -> Path:
+    value = os.environ.get(ENV_STATE, "").strip()
+    if value:
+        return Path(value)
+    return Path(os.environ[ENV_PLAN]).resolve().parent / ".fired"
+
+
+def _marker(fault: Fault) -> Path:
+    return _state_dir() / f"{fault.id}.json"
+
+
+def has_fired(fault: Fault) -> bool:
+    return _marker(fault).is_file()
+
+
+def fire_once(fault: Fault, **details: Any) -> bool:
+    """Record that `fault` fires now; False when it fired before (then it must not fire again)."""
+    path = _marker(fault)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)  # atomic: one firing ever
+    except FileExistsError:
+        return False
+    record = {**asdict(fault), "id": fault.id, "cause": fault.describe(), "host": socket.gethostname(),
+              "pid": os.getpid(), "at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **details}
+    with os.fdopen(fd, "w") as fh:
+        json.dump(record, fh)
+        fh.flush()
+        os.fsync(fh.fileno())  # a SIGKILL follows: the marker must be on disk first
+    return True
+
+
+def fired(row: str | None = None, since: float = 0.0) -> list[dict[str, Any]]:
+    """The markers of faults that fired (of `row` only, when given; at or after `since`, a time.time()),
+    oldest first."""
+    if not os.environ.get(ENV_PLAN) and not os.environ.get(ENV_STATE):
+        return []
+    folder = _state_dir()
+    out = []
+    paths = sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime) if folder.is_dir() else []
+    for path in (p for p in paths if p.stat().st_mtime >= since):
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if row is None or record.get("row") == row:
+            out.append(record)
+    return out
+
+
+def armed_step_faults(row: str | None) -> list[Fault]:
+    """The step faults of `row` that have not fired yet (read once when a fit starts, the same on every rank)."""
+    if not row:
+        return []
+    return [f for f in active() if f.kind in STEP_KINDS and f.row == row and not has_fired(f)]
+
+
+def claim_lock_as(run_dir: str | os.PathLike, host: str) -> None:
+    """stale_lock: rewrite this run's lock as if it had been taken on `host` (a host no pid check reaches)."""
+    path = Path(run_dir) / "run.lock"
+    record = json.loads(path.read_text())
+    write_json(path, {**record, "host": host})
+
+
+def leave_partial_download(folder: str | os.PathLike, keep: tuple[str, ...] = ("README.md",)) -> list[Path]:
+    """What an interrupted download leaves: the repo folder with only the files matching `keep`."""
+    removed = []
+    for path in sorted(Path(folder).rglob("*")):
+        if path.is_file() and not any(fnmatch.fnmatch(path.name, k) for k in keep):
+            path.unlink()
+            removed.append(path)
+    return removed
+
+
+def inject_mirror_faults(mirror_root: str | os.PathLike | None) -> list[str]:
+    """The plan's partial_download faults into the hub mirror (each once); the descriptions of those fired."""
+    if mirror_root is None:
+        return []
+    done = []
+    for fault in (f for f in active() if f.kind == "partial_download"):
+        folder = Path(mirror_root) / f"{fault.repo_kind}s" / str(fault.repo)
+        if not folder.is_dir() or has_fired(fault):
+            continue
+        if fire_once(fault, folder=str(folder)):
+            leave_partial_download(folder, fault.keep)
+            done.append(fault.describe())
+    return done

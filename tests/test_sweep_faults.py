@@ -1,0 +1,290 @@
+"""A cluster's bad day (issue 20): rows whose job dies without a Python exception are recorded and the others go
+on; reruns resume interrupted rows from `last`; locks of dead jobs are judged from the sweep's record; the eval
+stage skips rows whose training did not finish; fault plans fire each fault once."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from lmk.run import faults
+from lmk.run import lock as run_lock
+from lmk.run.results import read_results, update_results
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_train import ENV, in_process, write_pairs  # noqa: E402
+
+
+def _row_sweep(out: Path, rows: dict[str, list[str]], *extra: str, wait: bool = True, env: dict | None = None):
+    rows_file = out.parent / f"{out.name}-rows.yaml"
+    rows_file.write_text("".join(f"{k}: [{', '.join(v)}]\n" for k, v in rows.items()))
+    cmd = [sys.executable, "-m", "lmk.train", "-m", "experiment=table2-tiny", "hydra/sweeper=rows",
+           f"hydra.sweeper.rows_file={rows_file}", f"hydra.sweep.dir={out}", "hydra.sweeper.max_batch_size=1",
+           "hydra.sweeper.report=null", *extra]
+    if not wait:
+        return subprocess.Popen(cmd, cwd=ROOT, env=env or ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True)
+    return subprocess.run(cmd, cwd=ROOT, env=env or ENV, capture_output=True, text=True, timeout=900)
+
+
+def _steps(run_dir: Path) -> list[int]:
+    rows = list(csv.DictReader(open(run_dir / "metrics.csv")))
+    return [int(r["step"]) for r in rows if r.get("train/loss")]
+
+
+@pytest.mark.slow  # four submitit jobs (a Python start each) and submitit's wait for a dead task: about 2 min
+def test_sigkilled_row_is_recorded_others_finish_and_the_rerun_resumes(tmp_path):
+    """The done-when of issue 20: a row's process SIGKILLed from outside under submitit's local executor."""
+    out = tmp_path / "sweep"
+    rows = {"victim": ["pooling=cls"], "other": ["pooling=mean"]}
+    # many short steps: the kill lands right after the first checkpoint, long before the end
+    args = ("launcher=submitit_local", "launcher.tasks_per_node=1", "trainer.max_steps=200",
+            "train.checkpoint_every_n_steps=10", "trainer.log_every_n_steps=1")
+    sweep = _row_sweep(out, rows, *args, wait=False)
+    try:
+        ckpt, deadline = out / "victim" / "checkpoints" / "last.ckpt", time.time() + 600
+        while not ckpt.exists():
+            assert sweep.poll() is None and time.time() < deadline, sweep.communicate()[0][-3000:]
+            time.sleep(0.05)
+        owner = json.loads((out / "victim" / run_lock.LOCK_FILE).read_text())
+        assert owner["scheduler"] == "local" and owner["job_id"]
+        os.kill(owner["pid"], signal.SIGKILL)  # from outside: no Python exception, no cleanup (an OOM kill)
+        log, _ = sweep.communicate(timeout=900)
+    finally:
+        if sweep.poll() is None:
+            sweep.kill()
+    assert sweep.returncode == 0, log[-3000:]  # the sweep ended by itself
+    status = json.loads((out / "sweep_status.json").read_text())
+    assert status["other"]["status"] == "completed" and read_results(out / "other")["status"] == "done"
+    assert status["victim"]["status"] == "failed", status
+    assert "ended without a result" in status["victim"]["error"] and "killed by a signal" in status["victim"]["error"]
+    victim = read_results(out / "victim")
+    assert victim["status"] == "failed" and "ended without a result" in victim["error"]
+    assert status["victim"]["job_id"] == owner["job_id"]  # the record a later sweep judges the lock by
+    assert (out / "victim" / run_lock.LOCK_FILE).exists()  # left behind by the kill
+
+    again = _row_sweep(out, rows, *args)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    status = json.loads((out / "sweep_status.json").read_text())
+    assert status["other"]["status"] == "skipped" and status["victim"]["status"] == "completed"
+    plan = {j["job"]: j for j in json.loads((out / "jobs.json").read_text())["jobs"]}
+    assert "ckpt_path=last" in plan["victim"]["overrides"]
+    victim = read_results(out / "victim")
+    assert victim["status"] == "done" and victim["checkpoints"]["resumed_from"].endswith("last.ckpt")
+    assert 0 < victim["timings"]["fit_steps"] < 200  # only the steps after the last checkpoint ran again
+    assert victim["error"] is None and "ended without a result" in victim["interruptions"][0]["error"]
+    assert _steps(out / "victim") == list(range(200))  # every step logged once
+    assert status["victim"]["ended_jobs"] == [owner["job_id"]]
+
+
+def _plan(out: Path) -> dict[str, dict]:
+    return {j["job"]: j for j in json.loads((out / "jobs.json").read_text())["jobs"]}
+
+
+def test_sweeper_resumes_from_last_and_leaves_a_live_run_alone(tmp_path):
+    out = tmp_path / "sweep"
+    rows = {"resume": ["pooling=cls"], "changed": ["pooling=mean"], "live": ["pooling=cls"], "gone": ["pooling=mean"]}
+    dry = ("hydra.sweeper.dry_run=true",)
+    assert _row_sweep(out, rows, *dry).returncode == 0
+    digest = {job: j["config_hash"] for job, j in _plan(out).items()}
+    for job in rows:  # each row was interrupted after a checkpoint
+        (out / job / "checkpoints").mkdir(parents=True)
+        (out / job / "checkpoints" / "last.ckpt").write_bytes(b"")
+        update_results(out / job, status="running", config_hash=digest[job])
+    update_results(out / "changed", config_hash="older")  # a changed config starts over
+    me = run_lock._owner_record()  # a live run (this test) owns "live"
+    (out / "live" / run_lock.LOCK_FILE).write_text(json.dumps(me))
+    # "gone": a job on another host that an earlier sweep of this folder saw end
+    gone = {"host": "node-gone", "pid": 4242, "job_id": "777", "scheduler": "slurm", "started": "then"}
+    (out / "gone" / run_lock.LOCK_FILE).write_text(json.dumps(gone))
+    (out / "sweep_status.json").write_text(json.dumps({"gone": {"status": "failed", "job_id": "777"}}))
+
+    assert _row_sweep(out, rows, *dry).returncode == 0
+    plan = _plan(out)
+    assert "ckpt_path=last" in plan["resume"]["overrides"] and not plan["resume"]["busy"]
+    assert "ckpt_path=last" not in plan["changed"]["overrides"]
+    assert "running elsewhere" in plan["live"]["busy"] and f"pid {os.getpid()}" in plan["live"]["busy"]
+    assert plan["gone"]["busy"] is None and plan["gone"]["ended_jobs"] == ["777"]
+    assert (out / "gone" / run_lock.LOCK_FILE).exists()  # a dry run removes nothing
+
+
+def test_sweep_record_judges_locks_this_host_cannot(tmp_path):
+    from hydra_plugins.lmk_row_sweeper.row_sweeper import lock_verdict
+
+    owner = {"host": "node-gone", "pid": 4242, "job_id": "777", "scheduler": "slurm"}
+    (tmp_path / run_lock.LOCK_FILE).write_text(json.dumps(owner))
+    assert lock_verdict(tmp_path, {})[0] == "unknown"  # no scheduler here, no record: honoured
+    assert lock_verdict(tmp_path, {"status": "completed", "job_id": "777"})[0] == "dead"
+    assert lock_verdict(tmp_path, {"status": "launched", "ended_jobs": ["777"]})[0] == "dead"
+    # a job this sweep queued on submitit's local executor here lives as long as its controller process
+    local = {**owner, "scheduler": "local", "job_id": str(os.getpid())}
+    (tmp_path / run_lock.LOCK_FILE).write_text(json.dumps(local))
+    queued = {"status": "launched", "job_id": str(os.getpid()), "scheduler": "local", "host": socket.gethostname()}
+    assert lock_verdict(tmp_path, queued)[0] == "alive"
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (tmp_path / run_lock.LOCK_FILE).write_text(json.dumps({**local, "job_id": str(dead.pid)}))
+    assert lock_verdict(tmp_path, {**queued, "job_id": str(dead.pid)})[0] == "dead"
+
+
+def test_eval_stage_skips_rows_whose_training_did_not_finish(tmp_path):
+    from lmk.config.eval import EvalConfig
+    from lmk.sweep.eval_stage import merge, model_fingerprint, trained_fingerprint
+
+    train, ev = tmp_path / "train", tmp_path / "eval"
+    for row, status in (("done", "done"), ("killed", "failed")):
+        (train / row / "export").mkdir(parents=True)
+        (train / row / "export" / "model.safetensors").write_bytes(b"weights")
+        update_results(train / row, status=status)
+        update_results(ev / f"{row}--s", status="done", config={"model_fingerprint": model_fingerprint(train / row)},
+                       eval={"tasks": {"LocalShort": {"main_score": 0.5}}})
+    assert trained_fingerprint(train / "killed") is None and trained_fingerprint(train / "done")
+    suite = EvalConfig.from_cfg({"name": "x", "tasks": ["LocalShort"], "groups": {"g": ["LocalShort"]}})
+    report = merge(["done", "killed"], train, ev, suite, {"s": ["LocalShort"]})
+    assert report == {"done": {"s": "done"}}
+    assert "eval" in read_results(train / "done") and "eval" not in read_results(train / "killed")
+
+
+def test_fault_plan_is_validated_and_each_fault_fires_once(tmp_path, monkeypatch):
+    plan = tmp_path / "plan.yaml"
+    plan.write_text("faults:\n  - {kind: kil, row: a, step: 1}\n")
+    with pytest.raises(ValueError, match="fault kind 'kil' is not valid; allowed: kill"):
+        faults.load_plan(plan)
+    plan.write_text("faults:\n  - {kind: kill, row: a}\n")
+    with pytest.raises(ValueError, match="needs `row` and `step`"):
+        faults.load_plan(plan)
+    assert faults.resolve_plan("bad-day", ROOT / "experiments" / "table2") == \
+        ROOT / "experiments" / "table2" / "faults" / "bad-day.yaml"
+    assert {f.kind for f in faults.load_plan(ROOT / "experiments/table2/faults/bad-day.yaml")} == set(faults.KINDS)
+
+    plan.write_text("faults:\n  - {kind: kill, row: a, step: 1, rank: 1}\n"
+                    "  - {kind: partial_download, repo: mteb/scifact}\n")
+    for var in (faults.ENV_PLAN, faults.ENV_STATE):  # restored after the test (activate sets them)
+        monkeypatch.setenv(var, "")
+    faults.activate(plan, tmp_path / "state")
+    kill, partial = faults.active()
+    assert faults.armed_step_faults("a") == [kill] and faults.armed_step_faults("b") == []
+    assert faults.fire_once(kill, step=1) and not faults.fire_once(kill, step=1)
+    assert faults.armed_step_faults("a") == []  # fired: a rerun meets it no more
+    assert [r["id"] for r in faults.fired("a")] == [kill.id] and faults.fired("a", since=time.time() + 60) == []
+
+    repo = tmp_path / "mirror" / "datasets" / "mteb" / "scifact"
+    (repo / "corpus").mkdir(parents=True)
+    for name in ("README.md", "corpus/test-00000.parquet", "qrels.parquet"):
+        (repo / name).write_text("x")
+    assert faults.inject_mirror_faults(tmp_path / "mirror") == [partial.describe()]
+    assert sorted(str(p.relative_to(repo)) for p in repo.rglob("*") if p.is_file()) == ["README.md"]
+    (repo / "qrels.parquet").write_text("x")  # refilled: the fault does not fire again
+    assert faults.inject_mirror_faults(tmp_path / "mirror") == [] and (repo / "qrels.parquet").exists()
+
+
+def test_nan_loss_fault_poisons_the_step_once(tmp_path, monkeypatch):
+    """What this module injects: the loss of the step after `step` is non-finite, once (stopping the run there
+    is the training guard's job)."""
+    pairs = write_pairs(tmp_path / "pairs.jsonl")
+    plan = tmp_path / "plan.yaml"
+    plan.write_text("faults:\n  - {kind: nan_loss, row: r, step: 1}\n")
+    for var in (faults.ENV_PLAN, faults.ENV_STATE):  # restored after the test (activate sets them)
+        monkeypatch.setenv(var, "")
+    faults.activate(plan, tmp_path / "state")
+    run = tmp_path / "run"
+    try:
+        in_process(run, pairs, "trainer.max_steps=3", "trainer.log_every_n_steps=1", "row=r")
+    except Exception:  # noqa: BLE001 - a non-finite guard may stop the run; the marker is what is checked here
+        pass
+    assert [r["step"] for r in faults.fired("r")] == [1]
+    rows = list(csv.DictReader(open(run / "metrics.csv")))
+    losses = {int(r["step"]): float(r["train/loss"]) for r in rows if r.get("train/loss")}
+    assert losses[1] != losses[1]  # NaN at the poisoned step
+    in_process(tmp_path / "again", pairs, "trainer.max_steps=3", "trainer.log_every_n_steps=1", "row=r")
+    rows = list(csv.DictReader(open(tmp_path / "again" / "metrics.csv")))
+    assert all(float(r["train/loss"]) == float(r["train/loss"]) for r in rows if r.get("train/loss"))
+
+
+def test_a_job_killed_without_a_python_exception_is_a_failed_return_with_its_cause(tmp_path):
+    import submitit
+
+    from hydra_plugins.lmk_row_sweeper.launching import JobDied, ResumableTask, _outcome
+
+    executor = submitit.AutoExecutor(folder=tmp_path / "%j", cluster="local")
+    job = executor.submit(os.system, "kill -9 $PPID")  # the task SIGKILLed (as the OOM killer does)
+    job._results_timeout_s = 1  # submitit's grace for a slow file system: none needed here
+    with pytest.raises(submitit.core.utils.UncompletedJobError):
+        job.results()  # what hydra-submitit-launcher's launch calls: it raised out of the whole sweep
+    ret = _outcome(job, ["pooling=cls"])
+    assert ret.status.name == "FAILED" and isinstance(ret._return_value, JobDied)
+    assert f"task 0 of job {job.job_id} ended without a result: killed by a signal" in str(ret._return_value)
+
+    # submitit's requeue (preemption, time limit) resubmits the same job resuming from its last checkpoint
+    task = ResumableTask(launcher=None, resume_override="ckpt_path=last")
+    again = task.checkpoint(["pooling=cls", "ckpt_path=null"], "hydra.sweep.dir", 3, "id", {})
+    assert again.args[0] == ["pooling=cls", "ckpt_path=last"] and again.args[1:] == ("hydra.sweep.dir", 3, "id", {})
+
+
+def test_a_job_refused_by_a_live_runs_lock_leaves_that_runs_results_alone(tmp_path):
+    """Restarting a sweep while an old job still runs: the new job is refused by the lock, and the sweeper must
+    not write "failed" into the live run's results.json."""
+    from hydra.core.utils import JobReturn, JobStatus
+
+    from hydra_plugins.lmk_row_sweeper.row_sweeper import RowSweeper
+
+    update_results(tmp_path, status="running", config_hash="abc")
+    before = (tmp_path / "results.json").read_text()
+    refused = JobReturn(status=JobStatus.FAILED)
+    refused._return_value = run_lock.RunFolderBusy(f"run folder {tmp_path} is in use by another run")
+    job = {"job": "r", "row": "r", "job_dir": str(tmp_path), "config_hash": "abc"}
+    assert RowSweeper._outcome(job, refused, time.time())["status"] == "busy"
+    assert (tmp_path / "results.json").read_text() == before
+    crashed = JobReturn(status=JobStatus.FAILED)
+    crashed._return_value = ValueError("bad data")
+    assert RowSweeper._outcome(job, crashed, time.time()) == {"status": "failed", "error": "ValueError: bad data"}
+    assert read_results(tmp_path)["status"] == "failed"
+
+
+@pytest.mark.slow  # six 2-rank submitit jobs: about 8 min on 2 busy cores (an uninterrupted run of the same rows
+# logs the same losses at every step: checked by hand, see the closing note of issue 20)
+def test_fault_plan_under_ddp_kill_timeout_and_stale_lock_then_rerun_resumes(tmp_path):
+    plan = tmp_path / "plan.yaml"
+    plan.write_text("faults:\n  - {kind: kill, row: a, rank: 1, step: 2}\n  - {kind: timeout, row: b, step: 1}\n"
+                    "  - {kind: stale_lock, row: c, step: 1, host: node-gone-17}\n")
+    env = {**ENV, faults.ENV_PLAN: str(plan), faults.ENV_STATE: str(tmp_path / "state")}
+    out, rows = tmp_path / "sweep", {"a": ["pooling=cls"], "b": ["pooling=mean"], "c": ["pooling=lmk-fixed"]}
+    args = ("launcher=submitit_local", "trainer=ddp-cpu", "launcher.tasks_per_node=2", "trainer.max_steps=4",
+            "train.checkpoint_every_n_steps=1", "trainer.log_every_n_steps=1")
+    first = _row_sweep(out, rows, *args, env=env)  # the sweeper and its jobs inherit the plan
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    status = json.loads((out / "sweep_status.json").read_text())
+    assert status["b"]["status"] == "completed"  # requeued by submitit after the signal, resumed from last
+    assert read_results(out / "b")["checkpoints"]["resumed_from"].endswith("last.ckpt")
+    assert "task 1 of job" in status["a"]["error"] and "SIGKILL of rank 1 at step 2" in status["a"]["error"]
+    assert "task 0 of job" in status["c"]["error"] and "node-gone-17" in status["c"]["error"]
+    assert json.loads((out / "c" / run_lock.LOCK_FILE).read_text())["host"] == "node-gone-17"
+    again = _row_sweep(out, rows, *args, env=env)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "removed the stale lock of pid" in again.stdout + again.stderr
+    for row, resumed_at in (("a", 2), ("c", 1)):
+        res = read_results(out / row)
+        assert res["status"] == "done" and res["timings"]["fit_steps"] == 4 - resumed_at, row
+        assert _steps(out / row) == [0, 1, 2, 3]
+    assert json.loads((out / "sweep_status.json").read_text())["b"]["status"] == "skipped"
+
+
+def test_a_resumed_run_that_finishes_shows_no_error_but_keeps_its_interruptions(tmp_path):
+    pairs = write_pairs(tmp_path / "pairs.jsonl")
+    run = tmp_path / "run"
+    in_process(run, pairs, "trainer.max_steps=1", "train.checkpoint_every_n_steps=1")
+    update_results(run, status="failed", error="JobDied: task 0 of job 7 ended without a result")  # the sweeper
+    in_process(run, pairs, "trainer.max_steps=2", "train.checkpoint_every_n_steps=1", "ckpt_path=last")
+    res = read_results(run)
+    assert res["status"] == "done" and res["error"] is None and res["metrics"]["global_step"] == 2
+    assert [i["error"] for i in res["interruptions"]] == ["JobDied: task 0 of job 7 ended without a result"]
