@@ -36,7 +36,7 @@ from lmk.run import faults
 from lmk.run.cli import full_errors, report
 from lmk.sweep.eval_stage import run_stage
 from lmk.sweep.jobs import Block, job_id, train_block, zeroshot_block
-from lmk.sweep.spec import Row, Scale, TableSpec, load_spec, validate_spec
+from lmk.sweep.spec import Row, Scale, SpecError, TableSpec, load_spec, validate_spec
 
 # Each entry point's check before compute, run by the row sweeper on every job before the sweep launches.
 VALIDATORS = {"lmk.train": "lmk.train.command.validate_job", "lmk.evaluate": "lmk.eval.command.validate_config"}
