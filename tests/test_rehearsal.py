@@ -174,7 +174,8 @@ def test_rehearsal_row_runs_end_to_end(tmp_path):
     # two ranks started by submitit (not by Lightning), talking over gloo
     logs = sorted((out / "train" / ".submitit").glob("*/*_log.out"))
     assert len(logs) == 2
-    text = "".join(p.read_text() for p in logs)
+    # submitit's task logs, and the run's own log file that the job's Lightning output goes to (lmk.run.console)
+    text = "".join(p.read_text() for p in [*logs, *sorted((out / "train" / "cls").glob("*.log"))])
     assert "global_rank=0(2)" in text and "global_rank=1(2)" in text and "distributed_backend=gloo" in text
     assert "bfloat16 Automatic Mixed Precision" in text
     plan = json.loads((out / "train" / "jobs.json").read_text())
