@@ -16,9 +16,11 @@ from pathlib import Path
 
 import pytest
 
+from lmk.hub.mirror import STARTED, incomplete, mark_complete
 from lmk.run import faults
 from lmk.run import lock as run_lock
 from lmk.run.results import read_results, update_results
+from lmk.sweep.driver import mark_interrupted
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -182,8 +184,12 @@ def test_fault_plan_is_validated_and_each_fault_fires_once(tmp_path, monkeypatch
     (repo / "corpus").mkdir(parents=True)
     for name in ("README.md", "corpus/test-00000.parquet", "qrels.parquet"):
         (repo / name).write_text("x")
-    assert faults.inject_mirror_faults(tmp_path / "mirror") == [partial.describe()]
-    assert sorted(str(p.relative_to(repo)) for p in repo.rglob("*") if p.is_file()) == ["README.md"]
+    mark_complete(repo, "mteb/scifact", None)  # as the sweep's mirror preparation leaves it
+    assert incomplete(repo) is None
+    assert faults.inject_mirror_faults(tmp_path / "mirror", mark_interrupted) == [partial.describe()]
+    left = sorted(str(p.relative_to(repo)) for p in repo.rglob("*") if p.is_file())
+    assert left == sorted(["README.md", STARTED])  # the cut download, seen as such by the mirror's availability check
+    assert incomplete(repo) == "a download into it started and did not finish"
     (repo / "qrels.parquet").write_text("x")  # refilled: the fault does not fire again
     assert faults.inject_mirror_faults(tmp_path / "mirror") == [] and (repo / "qrels.parquet").exists()
 

@@ -27,6 +27,7 @@ import json
 import os
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -200,8 +201,11 @@ def leave_partial_download(folder: str | os.PathLike, keep: tuple[str, ...] = ("
     return removed
 
 
-def inject_mirror_faults(mirror_root: str | os.PathLike | None) -> list[str]:
-    """The plan's partial_download faults into the hub mirror (each once); the descriptions of those fired."""
+def inject_mirror_faults(mirror_root: str | os.PathLike | None,
+                         mark_interrupted: Callable[[Path, str], None] | None = None) -> list[str]:
+    """The plan's partial_download faults into the hub mirror (each once); the descriptions of those fired.
+    `mark_interrupted(folder, repo)` leaves the marker a download under way writes (the hub layer's, which
+    this layer cannot import), so that the mirror's availability check sees the copy as partial."""
     if mirror_root is None:
         return []
     done = []
@@ -211,5 +215,7 @@ def inject_mirror_faults(mirror_root: str | os.PathLike | None) -> list[str]:
             continue
         if fire_once(fault, folder=str(folder)):
             leave_partial_download(folder, fault.keep)
+            if mark_interrupted is not None:
+                mark_interrupted(folder, str(fault.repo))
             done.append(fault.describe())
     return done

@@ -32,6 +32,7 @@ from typing import Any
 import yaml
 
 from lmk.config import UserError
+from lmk.hub import mirror
 from lmk.run import faults
 from lmk.run.cli import full_errors, report
 from lmk.sweep.eval_stage import run_stage
@@ -196,6 +197,12 @@ def _build_table(sweep: Sweep, started: float, failures: int) -> int:
     return 1 if failures else 0
 
 
+def mark_interrupted(folder: Path, repo: str) -> None:
+    """A fault plan's interrupted download: the start marker a download into the mirror writes first, so the
+    jobs see the copy as partial and the next sweep's mirror preparation writes it again."""
+    mirror.mark_started(folder, repo, None)
+
+
 def main(argv: list[str] | None = None) -> int:
     started = time.time()
     try:
@@ -206,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         # the scale's hub mirror, filled before any job starts; every job reads it (hub.mirror)
         mirror_dir = prepare(sweep.scale, sweep.out, sweep.args.dry_run) if sweep.args.stage != "table" else None
         if not sweep.args.dry_run:
-            for fault in faults.inject_mirror_faults(mirror_dir):
+            for fault in faults.inject_mirror_faults(mirror_dir, mark_interrupted):
                 print(f"[lmk.sweep] {fault}", file=sys.stderr, flush=True)
     except UserError as exc:  # a bad spec, scale or mirror: what is wrong and the fix (lmk.run.cli)
         if full_errors():  # the full trace on request (HYDRA_FULL_ERROR=1 or LMK_DEBUG=1)
