@@ -101,7 +101,8 @@ def row_scores(table: Table, name: str) -> dict[tuple[str, str], dict[str, Any]]
                 cell = cells.get(key)
                 if cell is not None and cell.value is not None:
                     scores[f"{name}/{label}"] = round(100 * cell.value, 2)
-            out[(block, row_id)] = scores
+            if len(scores) > 2:  # a failed row has no scores: its run keeps its own summary
+                out[(block, row_id)] = scores
     return out
 
 
@@ -163,8 +164,9 @@ def log_row_summaries(table: Table, name: str) -> int:
                 _write_summary(folder, info, scores, mode)
                 written += 1
             except Exception as err:  # noqa: BLE001 - W&B is a copy of the table: the files on disk are the result
-                warnings.warn(f"W&B summary of row {row_id} not written ({type(err).__name__}: {err}); the table "
-                              "files are complete", stacklevel=2)
+                reason = " ".join(str(err).split())  # one line
+                warnings.warn(f"W&B summary of row {row_id} not written ({type(err).__name__}: {reason}); the "
+                              "table files are complete", stacklevel=2)
                 online = False  # an unreachable server: the next rows go offline instead of waiting again
     if written:
         wandb.teardown()  # waits until the service wrote the runs' records (the files `wandb sync` uploads)
