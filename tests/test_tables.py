@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import csv
 import json
+import struct
 from pathlib import Path
 
 import pytest
+import wandb
 import yaml
+from wandb.proto import wandb_internal_pb2
 
 from lmk.run.results import update_results
 from lmk.sweep.spec import SpecError, load_spec, validate_spec
 from lmk.sweep.tables import MixedResultsError, aggregate, table_commits
-from lmk.sweep.wandb_table import log_table, sweep_wandb
+from lmk.sweep.wandb_table import log_row_summaries, log_table, sweep_wandb
 
 SPEC = {
     "name": "t2", "title": "Test table", "baseline": "cls", "alpha": 0.05,
@@ -233,3 +236,83 @@ def test_the_table_lands_in_an_offline_wandb_run_of_the_sweeps_group(spec_path: 
     data = records.read_bytes()
     assert b"t2-s-train" in data and b"train/mean/A" in data and b"Code: commit abc123def456" in data
     assert sweep_wandb(tmp_path / "nothing") is None
+
+
+def wandb_records(path: Path):
+    """The records of a W&B run file (`run-<id>.wandb`, what `wandb sync` uploads): wandb's leveldb-style log of
+    protobuf records (a 7-byte file header, 32 KiB blocks, 7-byte chunk headers: crc, length, type)."""
+    data, pos, buf = path.read_bytes(), 7, b""
+    assert data[:4] == b":W&B"
+    while pos + 7 <= len(data):
+        if 32768 - pos % 32768 < 7:  # a block's tail too short for a header is padding
+            pos += 32768 - pos % 32768
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        buf += data[pos + 7:pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):  # a full record, or the last chunk of one
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(buf)
+            buf = b""
+            yield record
+
+
+def wandb_summary(folder: Path, run_id: str) -> tuple[dict, set]:
+    """The summary of W&B run `run_id` over all its offline segments under `folder`, and the runs' groups."""
+    summary, groups = {}, set()
+    for path in sorted((folder / "wandb").glob(f"offline-run-*-{run_id}/run-{run_id}.wandb")):
+        for record in wandb_records(path):
+            if record.WhichOneof("record_type") == "run":
+                groups.add((record.run.run_id, record.run.run_group))
+            elif record.WhichOneof("record_type") == "summary":
+                summary.update({item.key or ".".join(item.nested_key): json.loads(item.value_json)
+                                for item in record.summary.update})
+    return summary, groups
+
+
+def offline_training_run(folder: Path, run_id: str) -> dict:
+    """A real offline W&B run in a row folder, as lmk.train leaves it; returns its results.json "wandb" section."""
+    run = wandb.init(id=run_id, dir=str(folder), project="lmk-test", group="t2-s-train", name=f"row-{run_id}",
+                     mode="offline", reinit="finish_previous", settings=wandb.Settings(quiet=True))
+    run.log({"train/loss": 1.0})
+    run.finish()
+    # trained earlier than the table: its segment's folder (named by the start second) is not the new one's
+    (segment,) = (folder / "wandb").glob(f"offline-run-*-{run_id}")
+    segment.rename(segment.with_name(f"offline-run-20260101_000000-{run_id}"))
+    (folder / "wandb_run_id").write_text(run_id)
+    return {"mode": "offline", "id": run_id, "name": f"row-{run_id}", "project": "lmk-test", "group": "t2-s-train"}
+
+
+def test_each_rows_wandb_run_summary_holds_its_table_scores(spec_path: Path, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    out = tmp_path / "sweep"
+    # a results.json naming a run W&B refuses (an id with '/'): one warning, the other rows still get theirs
+    write_run(out / "train" / "cls", "cls", {"short-a": 0.20, "long-b": 0.50},
+              wandb={"mode": "offline", "id": "bad/id", "project": "lmk-test"})
+    mean = out / "train" / "mean"
+    mean.mkdir(parents=True)
+    write_run(mean, "mean", {"short-a": 0.60, "long-b": 0.40}, wandb=offline_training_run(mean, "meanrun1"))
+    for seed in (0, 1):  # two seeds: two W&B runs of one row; one keeps its id only in wandb_run_id
+        folder = out / "train" / "lmk" / f"seed{seed}"
+        folder.mkdir(parents=True)
+        info = offline_training_run(folder, f"lmkseed{seed}")
+        write_run(folder, "lmk", {"short-a": 0.30 + 0.02 * seed, "long-b": 0.70},
+                  wandb={k: v for k, v in info.items() if seed == 0 or k != "id"}, config={"seed": seed})
+    table, _ = aggregate(spec_path, "s", out)
+    with pytest.warns(UserWarning, match=r"^W&B summary of row cls not written \(.*\); the table files are") as seen:
+        assert log_row_summaries(table, "t2") == 3
+    assert len([w for w in seen if "W&B" in str(w.message)]) == 1
+    for folder, run_id, row in ((mean, "meanrun1", "mean"), (out / "train" / "lmk" / "seed0", "lmkseed0", "lmk"),
+                                (out / "train" / "lmk" / "seed1", "lmkseed1", "lmk")):
+        summary, groups = wandb_summary(folder, run_id)
+        assert groups == {(run_id, "t2-s-train")}  # the same run (a new offline segment of its id), same group
+        assert len(list((folder / "wandb").glob(f"offline-run-*-{run_id}"))) == 2
+        cells = table.blocks["train"][row]
+        assert {k: summary[f"t2/{label}"] for k, label in table.column_keys()} == \
+            {k: round(100 * cells[k].value, 2) for k, _ in table.column_keys()}  # the table's own cells
+        assert summary["t2/row"] == table.labels[row] and summary["t2/block"] == "train"
+        assert summary["train/loss"] == 1.0  # the training segment's summary is still there
+    assert wandb_summary(mean, "meanrun1")[0]["t2/A"] == 60.0
+    assert wandb_summary(out / "train" / "lmk" / "seed1", "lmkseed1")[0]["t2/A"] == 31.0  # the mean over seeds

@@ -162,7 +162,7 @@ def _run_training_blocks(sweep: Sweep, hub: list[str]) -> tuple[int, int | None]
 def _table_to_wandb(sweep: Sweep, table: Any) -> None:
     """With W&B on for the sweep's runs, the table also goes to a run of their group (one line says where)."""
     # fast path: wandb loads only once the sweep ran with it
-    from lmk.sweep.wandb_table import log_table, sweep_wandb
+    from lmk.sweep.wandb_table import log_row_summaries, log_table, sweep_wandb
 
     info = sweep_wandb(sweep.out)
     if info is None:
@@ -172,6 +172,12 @@ def _table_to_wandb(sweep: Sweep, table: Any) -> None:
         print(f"[lmk.sweep] W&B offline: the table is in {where}; upload with `wandb sync {where}`")
     elif where:
         print(f"[lmk.sweep] W&B: the table is in {where}")
+    # each row's own run gets its cells in its summary (also the eval stage's merged scores); offline: a new
+    # segment of the run's id, which the row's `wandb sync <run>/wandb/offline-run-*-<id>` hint already covers
+    rows = log_row_summaries(table, sweep.spec.name)
+    if rows:
+        sync = "; offline: `wandb sync <run>/wandb/offline-run-*` uploads them" if info["mode"] == "offline" else ""
+        print(f"[lmk.sweep] W&B: {rows} row run summaries hold their table scores ({sweep.spec.name}/<column>){sync}")
 
 
 def _build_table(sweep: Sweep, started: float, failures: int) -> int:
