@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import pickle
 import signal
 from pathlib import Path
 from types import SimpleNamespace
@@ -211,8 +212,12 @@ def test_a_nan_embedding_names_its_text_index_and_id(base):
     assert err.value.index == 2
     encoder = LmkEncoder(model, passage_max_length=BUDGET, batch_size=1, workers=0)
     batch = {"text": texts, "id": ["d0", "d1", "doc-zebra", "d3"]}
-    with pytest.raises(NonFiniteEmbeddingError, match=r"eval T \[test/default\] passage 'doc-zebra': the embedding"):
+    with pytest.raises(NonFiniteEmbeddingError, match=r"eval T \[test/default\] passage 'doc-zebra': the embedding") \
+            as err:
         encoder.encode([batch], task_metadata=SimpleNamespace(name="T"), hf_split="test", hf_subset="default")
+    # the eval job's exception is pickled back to the sweeper, which records it as the shard's error
+    back = pickle.loads(pickle.dumps(err.value))
+    assert (back.index, str(back)) == (err.value.index, str(err.value))
 
 
 def test_workers_setting_resolves_and_is_validated():

@@ -180,3 +180,11 @@ def test_nan_on_one_rank_stops_every_rank_at_the_same_step(tmp_path):
     assert [k for k in cause["sample_keys"] if k.startswith(f"pairs.jsonl:row {BAD_ROW} ")]
     assert set(cause["values"]) == {"0", "1"}  # both ranks reached the check of the same step
     assert f"non-finite loss at step {cause['step']} " in proc.stderr
+
+
+def test_non_finite_error_survives_the_trip_back_to_the_sweeper() -> None:
+    """A job's exception is pickled back to the sweeper: the guard's error must unpickle, with its record."""
+    import pickle
+
+    err = pickle.loads(pickle.dumps(NonFiniteError("non-finite loss at step 2", {"step": 2, "what": "loss"})))
+    assert str(err) == "non-finite loss at step 2" and err.info == {"step": 2, "what": "loss"}

@@ -54,6 +54,10 @@ class NonFiniteEmbeddingError(ValueError):
         super().__init__(message)
         self.index = index
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # an eval job's exception is pickled back to the sweeper (Hydra's and submitit's launchers)
+        return type(self), (self.index, str(self))
+
 
 def available_cpus() -> int:
     """CPUs this process may run on (a SLURM allocation, not the whole node)."""

@@ -32,6 +32,10 @@ class NonFiniteError(RuntimeError):
         super().__init__(message)
         self.info = dict(info)
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # a job's exception is pickled back to the sweeper (Hydra's and submitit's launchers)
+        return type(self), (str(self), self.info)
+
 
 def _grad_norm(module: torch.nn.Module) -> torch.Tensor | None:
     grads = [p.grad for p in module.parameters() if p.grad is not None]
