@@ -168,16 +168,15 @@ def _table_to_wandb(sweep: Sweep, table: Any) -> None:
     if info is None:
         return
     where = log_table(table, sweep.spec.name, sweep.out, info)
-    if where and info["mode"] == "offline":
-        print(f"[lmk.sweep] W&B offline: the table is in {where}; upload with `wandb sync {where}`")
-    elif where:
-        print(f"[lmk.sweep] W&B: the table is in {where}")
     # each row's own run gets its cells in its summary (also the eval stage's merged scores); offline: a new
     # segment of the run's id, which the row's `wandb sync <run>/wandb/offline-run-*-<id>` hint already covers
     rows = log_row_summaries(table, sweep.spec.name)
-    if rows:
-        sync = "; offline: `wandb sync <run>/wandb/offline-run-*` uploads them" if info["mode"] == "offline" else ""
-        print(f"[lmk.sweep] W&B: {rows} row run summaries hold their table scores ({sweep.spec.name}/<column>){sync}")
+    summaries = f"; {rows} row runs hold their cells in their summaries ({sweep.spec.name}/<column>)" if rows else ""
+    if where and info["mode"] == "offline":  # one line for the table and the rows (a console line per event)
+        print(f"[lmk.sweep] W&B offline: the table is in {where}{summaries}; upload with `wandb sync {where}` "
+              "and the rows' `wandb sync <run>/wandb/offline-run-*`")
+    elif where or summaries:
+        print(f"[lmk.sweep] W&B: the table is in {where or '(not logged)'}{summaries}")
 
 
 def _build_table(sweep: Sweep, started: float, failures: int) -> int:
