@@ -90,3 +90,16 @@ def _restore_lightning_rank():
     rank = getattr(rank_zero_only, "rank", 0)
     yield
     rank_zero_only.rank = rank
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """One intra-op torch thread for a module (`pytestmark = pytest.mark.usefixtures("one_torch_thread")`),
+    restored afterwards."""
+    # fast path: only the modules that ask for it load torch here
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -24,15 +24,8 @@ FIGURE_KEYS = {"section", "name", "unit", "ours", "peer", "peer_name", "ratio", 
                "verdict", "ci", "status", "reason", "details"}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # 2 shared cores: a second torch thread competing with other processes stalls every op
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+# 2 shared cores: a second torch thread competing with other processes stalls every op
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

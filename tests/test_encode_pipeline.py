@@ -42,13 +42,8 @@ BUDGET = 96  # tokens per text (max_length)
 MAX_TOKENS = 160  # tokens per batch: the long texts go alone, the short ones share
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # bitwise comparisons: one intra-op thread, so no reduction order depends on the machine's load
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+# bitwise comparisons: one intra-op thread, so no reduction order depends on the machine's load
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

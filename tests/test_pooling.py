@@ -14,13 +14,8 @@ from lmk.model.tokenization import LandmarkTokenizer
 H = 8
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # tiny tensors: thread hand-off costs ~100x the work on a busy 2-core machine; restored afterwards
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+# tiny tensors: thread hand-off costs ~100x the work on a busy 2-core machine
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 # test-sized options of poolers whose defaults are paper-sized (any other pooler is built with its defaults)
