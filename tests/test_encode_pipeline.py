@@ -121,6 +121,32 @@ def test_batches_of_full_texts_sent_while_tokenizing_match_the_plan(base, monkey
     assert np.array_equal(got, _unpipelined(base, texts, 3, 2 * BUDGET))
 
 
+class _Recording(LandmarkTokenizer):
+    """Records TOKENIZERS_PARALLELISM as each of its calls sees it (in this process: workers=0)."""
+
+    seen: list[str | None] = []
+
+    def __call__(self, texts, train=False, max_length=None):
+        type(self).seen.append(os.environ.get("TOKENIZERS_PARALLELISM"))
+        return super().__call__(texts, train=train, max_length=max_length)
+
+
+@pytest.mark.parametrize("before", ["false", None])
+@pytest.mark.parametrize("max_tokens", [None, MAX_TOKENS])
+def test_in_thread_tokenization_uses_the_tokenizers_threads_then_restores_the_setting(base, monkeypatch, before,
+                                                                                    max_tokens):
+    if before is None:
+        monkeypatch.delenv("TOKENIZERS_PARALLELISM", raising=False)
+    else:
+        monkeypatch.setenv("TOKENIZERS_PARALLELISM", before)
+    model = _with_tokenizer(base, _Recording)
+    _Recording.seen = []
+    got = model.encode(TEXTS, batch_size=3, max_length=BUDGET, max_tokens_per_batch=max_tokens, workers=0)
+    assert _Recording.seen and set(_Recording.seen) == {"true"}  # the Rust tokenizer's own threads, every call
+    assert os.environ.get("TOKENIZERS_PARALLELISM") == before  # a fork afterwards sees the caller's setting
+    assert np.array_equal(got, _unpipelined(base, TEXTS, 3, max_tokens))
+
+
 class _Counting(LandmarkTokenizer):
     """Counts the texts it tokenizes (in this process: workers=0)."""
 

@@ -222,6 +222,30 @@ class _Items:
 
 
 @contextlib.contextmanager
+def tokenizer_threads(enabled: bool) -> Iterator[None]:
+    """The fast tokenizer's own threads (its batch parallelism) for the calls inside, when `enabled`.
+
+    The project runs with TOKENIZERS_PARALLELISM=false (Makefile, the train command) so that no forked process
+    inherits a thread pool it cannot use. Tokenizing in the model's thread (workers=0), nothing forks meanwhile and
+    the model waits anyway, so the Rust tokenizer may use every core: half the time on 2 cores in `make bench`.
+    The previous value is restored on exit, so a fork afterwards finds parallelism configured and off (no warning,
+    no pool in the child).
+    """
+    if not enabled:
+        yield
+        return
+    key, before = "TOKENIZERS_PARALLELISM", os.environ.get("TOKENIZERS_PARALLELISM")
+    os.environ[key] = "true"  # read by the Rust tokenizer at each batch call
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = before
+
+
+@contextlib.contextmanager
 def _running(items: _Items) -> Iterator[_Items]:
     """Workers stopped on every exit; a dead worker reported as one EncodeError."""
     try:
@@ -359,7 +383,7 @@ def encode_texts(
         batches = _budget_batches(items, budget, max_tokens_per_batch, pad)
     gather, truncated = _Gather(out, device), 0
     bar = tqdm(total=len(texts), desc=progress, unit="text") if progress is not None else None
-    with _running(items):
+    with tokenizer_threads(n_workers == 0), _running(items):
         for idx, feats in batches:
             truncated += int((feats["attention_mask"].sum(dim=1) >= budget).sum())
             if pin and not feats["input_ids"].is_pinned():

@@ -2,8 +2,8 @@
 
 Three splitters, chosen by ``PoolingConfig.sentence_splitter``:
 
-- ``koehn`` (default, the authors' English splitter): the `sentence-splitter` package, Koehn & Schroeder's
-  heuristic with per-language non-breaking prefixes. It strips the text, collapses runs of spaces and
+- ``koehn`` (default, the authors' English splitter): the `sentence-splitter` package's rules (Koehn &
+  Schroeder's heuristic with per-language non-breaking prefixes), run by lmk.model.koehn with the same output. It strips the text, collapses runs of spaces and
   breaks at every newline, so a blank line gives an empty piece (which still gets its landmark). Pieces
   carry no surrounding whitespace, as in the authors' code.
 - ``multilingual`` (the authors' multilingual splitter): spaCy's ``xx_sent_ud_sm`` where spaCy and that
@@ -17,13 +17,13 @@ Three splitters, chosen by ``PoolingConfig.sentence_splitter``:
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
-from functools import cache, lru_cache
+from collections.abc import Sequence
+from functools import lru_cache
 
-from sentence_splitter import SentenceSplitter
 from sentencex import segment
 
 from lmk.config.model import DEFAULT_LANGUAGE, DEFAULT_SPLITTER, SPLITTERS, check_splitter, koehn_languages  # noqa: F401
+from lmk.model import koehn
 
 SPACY_MODEL = "xx_sent_ud_sm"
 
@@ -43,11 +43,6 @@ def _sentencex(text: str, language: str) -> list[str]:
     if carry:  # trailing whitespace of the text stays on the last sentence
         pieces[-1] += carry
     return pieces
-
-
-@cache
-def _koehn(language: str) -> Callable[[str], list[str]]:
-    return SentenceSplitter(language=language).split
 
 
 @lru_cache(maxsize=1)
@@ -91,7 +86,7 @@ def split_sentences(
     if not text.strip():
         return []
     if splitter == "koehn":
-        return _koehn(language)(text)
+        return koehn.splitter(language)(text)
     if splitter == "multilingual":
         return _multilingual(text, language)
     return _sentencex(text, language)

@@ -1,0 +1,61 @@
+"""lmk.model.koehn: the Koehn & Schroeder splitter of the `sentence-splitter` package, compiled once. Its sentences
+equal the package's on real prose (CPython's pydoc topics: paragraphs, code, lists) and on generated texts built
+from the characters its rules look at; its non-breaking prefixes equal the package's for every language."""
+
+from __future__ import annotations
+
+from pydoc_data.topics import topics
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from sentence_splitter import SentenceSplitter
+
+from lmk.config.model import koehn_languages
+from lmk.model import koehn
+from lmk.model.sentences import split_sentences
+
+# what the rules test: breaks (?!. and runs of dots), quotes and brackets, initial/final punctuation, upper case and
+# other letters, digits, honorifics and numeric-only prefixes, acronyms, spaces and newlines
+ATOMS = [" ", "  ", ".", "..", "...", "?", "!", "\n", " \n", '"', "'", "(", ")", "[", "]", "«", "»", "“", "”", "‘",
+         "’", "¿", "¡", "%", "-", "Mr", "Mrs", "No", "Art", "U.S", "A", "a", "Z", "z", "1", "23", "é", "É", "中", "x.Y",
+         "etc", "Dr", "vs", "#", "\t", ",", ";", ":", "Jan", "p", "pp", "Nos", "i.e", "e.g"]
+
+
+@pytest.fixture(scope="module")
+def package() -> SentenceSplitter:
+    return SentenceSplitter(language="en")
+
+
+def test_real_prose_splits_as_the_package_does(package: SentenceSplitter) -> None:
+    fast = koehn.splitter("en")
+    texts = [topics[k] for k in sorted(topics)]
+    assert sum(len(package.split(t)) for t in texts) > 5000  # many sentences, not a trivial corpus
+    for key, text in zip(sorted(topics), texts, strict=True):
+        assert fast(text) == package.split(text), key
+
+
+@settings(max_examples=600, deadline=None)
+@given(st.lists(st.sampled_from(ATOMS), max_size=30).map("".join))
+def test_generated_texts_split_as_the_package_does(package: SentenceSplitter, text: str) -> None:
+    assert koehn.splitter("en")(text) == package.split(text)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=60))
+def test_any_text_splits_as_the_package_does(package: SentenceSplitter, text: str) -> None:
+    assert koehn.splitter("en")(text) == package.split(text)
+
+
+@pytest.mark.parametrize("language", koehn_languages())
+def test_non_breaking_prefixes_equal_the_package(language: str) -> None:
+    theirs = SentenceSplitter(language=language)._SentenceSplitter__non_breaking_prefixes  # its parsed file
+    kinds = {SentenceSplitter.PrefixType.DEFAULT: koehn.DEFAULT, SentenceSplitter.PrefixType.NUMERIC_ONLY:
+             koehn.NUMERIC_ONLY}
+    assert koehn.non_breaking_prefixes(language) == {p: kinds[k] for p, k in theirs.items()}
+
+
+def test_numeric_prefixes_and_honorifics_follow_the_language() -> None:
+    text = "See No. 5 for details. Mr. Smith agreed. It works."
+    assert split_sentences(text) == ["See No. 5 for details.", "Mr. Smith agreed.", "It works."]
+    assert split_sentences("Dr. Who ist hier. Er kommt.", language="de") == ["Dr. Who ist hier.", "Er kommt."]
