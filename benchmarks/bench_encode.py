@@ -31,9 +31,10 @@ SIZES: dict[str, dict[str, Any]] = {
     "tiny": {"n_texts": 12, "min_words": 5, "max_words": 100, "max_length": 96, "batch_size": 4, "repeats": 1,
              # pipeline: max length -> texts (each filling it), batches of max_tokens tokens
              "pipeline": {"lengths": {64: 4}, "max_tokens": 256, "repeats": 2}},
-    # repeats: this 2-core VM has outlier repeats (+30%, either side); 5 left intervals of +-40% in `make bench`
+    # repeats: this 2-core VM has outlier repeats (+30%, either side); 5 left intervals of +-40% in `make bench`.
+    # 256 texts at 512 (4 batches, ~4 s a repeat): with 64 (one ~1 s batch) the 512 intervals spanned +-15%
     "full": {"n_texts": 128, "min_words": 10, "max_words": 600, "max_length": 256, "batch_size": 32, "repeats": 11,
-             "pipeline": {"lengths": {512: 64, 8192: 4}, "max_tokens": 32768, "repeats": 9}},
+             "pipeline": {"lengths": {512: 256, 8192: 4}, "max_tokens": 32768, "repeats": 9}},
 }
 PIPELINE_POOLINGS = (("lmk", "fixed", 32), ("lmk", "sentence", None))
 
@@ -77,7 +78,7 @@ def pipeline_figures(p: dict[str, Any]) -> list[dict[str, Any]]:
                 ours=m["texts"] * m["end_to_end_tokens_per_s"] / m["tokens"],
                 peer=m["texts"] * m["forward_only_tokens_per_s"] / m["tokens"],
                 peer_name="model forward alone on pre-tokenized, pre-batched inputs",
-                ratio_def="end_to_end_texts_per_s / forward_only_texts_per_s", goal=(">=", 0.9),
+                ratio_def="end_to_end_texts_per_s / forward_only_texts_per_s", goal=(">=", 0.9, 0.85),
                 details={**m, "model": "tiny-modernbert, 2 layers"}, ratio_samples=samples))
     length = min(p["lengths"])
     fixed, sentence = e2e_s[0, length], e2e_s[1, length]  # PIPELINE_POOLINGS order

@@ -219,12 +219,18 @@ def ratio_interval(samples: Sequence[float], confidence: float = CONFIDENCE) -> 
     return out
 
 
-def verdict(goal: tuple[str, float] | None, ratio: float | None, ci: Sequence[float] | None,
+def verdict(goal: tuple[Any, ...] | None, ratio: float | None, ci: Sequence[float] | None,
             noisy: bool) -> str:
-    """PASS / FAIL / inconclusive for a goal on a ratio: a noisy (timed) ratio is judged on its interval."""
+    """PASS / FAIL / inconclusive for a goal on a ratio: a noisy (timed) ratio is judged on its interval.
+
+    goal: (op, target) judges the whole interval against the target; (op, target, bound) is a goal stated as
+    "ratio op target, interval op bound": PASS when the ratio meets the target and the whole interval the bound,
+    FAIL when the whole interval misses the target, else inconclusive.
+    """
     if goal is None or ratio is None:
         return "info"
-    op, target = goal
+    op, target = goal[0], goal[1]
+    bound = goal[2] if len(goal) > 2 else target
     if not noisy:
         lo = hi = ratio
     elif ci is None:
@@ -232,8 +238,14 @@ def verdict(goal: tuple[str, float] | None, ratio: float | None, ci: Sequence[fl
     else:
         lo, hi = ci
     if op == ">=":
-        return "PASS" if lo >= target else "FAIL" if hi < target else "inconclusive"
-    return "PASS" if hi <= target else "FAIL" if lo > target else "inconclusive"
+        return "PASS" if ratio >= target and lo >= bound else "FAIL" if hi < target else "inconclusive"
+    return "PASS" if ratio <= target and hi <= bound else "FAIL" if lo > target else "inconclusive"
+
+
+def goal_text(goal: tuple[Any, ...]) -> str:
+    """How a goal reads in the report: "ratio >= 0.9" or "ratio >= 0.9, interval >= 0.85"."""
+    text = f"ratio {goal[0]} {goal[1]:g}"
+    return text + (f", interval {goal[0]} {goal[2]:g}" if len(goal) > 2 else "")
 
 
 def figure(
@@ -246,19 +258,22 @@ def figure(
     peer_name: str,
     ratio_def: str,
     ratio: float | None = None,
-    goal: tuple[str, float] | None = None,
+    goal: tuple[Any, ...] | None = None,
     details: dict[str, Any] | None = None,
     status: str = "ok",
     reason: str = "",
     ratio_samples: Sequence[float] | None = None,
 ) -> dict[str, Any]:
-    """One row of the report. ``ratio`` defaults to ours/peer; ``goal`` is (op, value) on the ratio.
+    """One row of the report. ``ratio`` defaults to ours/peer; ``goal`` is (op, value) or (op, value, interval
+    bound) on the ratio (see `verdict`).
 
     ``ratio_samples``: the per-repeat paired ratios of a timed comparison (see `paired_ratios`); the
     ratio is then their geometric mean, with a confidence interval, and the goal is judged on it.
     """
     if goal is not None and goal[0] not in GOAL_OPS:
         raise ValueError(f"goal operator {goal[0]!r} not allowed; use one of {GOAL_OPS}")
+    if goal is not None and len(goal) > 2 and (goal[2] > goal[1] if goal[0] == ">=" else goal[2] < goal[1]):
+        raise ValueError(f"goal {goal}: the interval bound must be looser than the target")
     ci = None
     details = dict(details or {})
     if ratio_samples is not None and status == "ok":
@@ -278,7 +293,7 @@ def figure(
         "peer_name": peer_name,
         "ratio": ratio,
         "ratio_def": ratio_def,
-        "goal": None if goal is None else f"ratio {goal[0]} {goal[1]:g}",
+        "goal": None if goal is None else goal_text(goal),
         "passed": passed,
         "verdict": result,
         "ci": ci,

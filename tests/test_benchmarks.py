@@ -244,6 +244,19 @@ def test_ratio_interval_and_verdicts():
     assert v(("<=", 1.0), 0.9, None, noisy=True) == "inconclusive"
     assert v(("<=", 1.0), 0.9, None, noisy=False) == "PASS"  # deterministic figures: judged on the value
     assert v(None, 0.9, None, noisy=False) == "info"
+    # a goal with an interval bound ("ratio >= 0.9, interval above 0.85", issue 18's pipeline figure)
+    assert v((">=", 0.9, 0.85), 0.92, (0.88, 0.96), noisy=True) == "PASS"
+    assert v((">=", 0.9), 0.92, (0.88, 0.96), noisy=True) == "inconclusive"  # without the bound: whole interval
+    assert v((">=", 0.9, 0.85), 0.89, (0.86, 0.92), noisy=True) == "inconclusive"  # the ratio misses the target
+    assert v((">=", 0.9, 0.85), 0.92, (0.84, 1.0), noisy=True) == "inconclusive"  # the interval reaches below
+    assert v((">=", 0.9, 0.85), 0.87, (0.86, 0.89), noisy=True) == "FAIL"
+    assert v(("<=", 1.5, 1.6), 1.45, (1.3, 1.55), noisy=True) == "PASS"
+    assert v(("<=", 1.5, 1.6), 1.55, (1.52, 1.58), noisy=True) == "FAIL"
+    bounded = common.figure("s", "n", unit="x/s", ours=1.0, peer=1.0, peer_name="p", ratio_def="",
+                            goal=(">=", 0.9, 0.85), ratio_samples=[0.92, 0.93, 0.91, 0.92])
+    assert bounded["goal"] == "ratio >= 0.9, interval >= 0.85" and bounded["verdict"] == "PASS"
+    with pytest.raises(ValueError, match="looser than the target"):
+        common.figure("s", "n", unit="s", ours=1.0, peer=1.0, peer_name="p", ratio_def="", goal=(">=", 0.9, 0.95))
     f = common.figure("s", "n", unit="s", ours=1.0, peer=1.0, peer_name="p", ratio_def="ours_s / peer_s",
                       goal=(">=", 1.0), ratio_samples=[0.9, 1.2, 0.95, 1.15])
     assert f["verdict"] == "inconclusive" and f["passed"] is None and f["ci"] == pytest.approx(wide["ci"])
