@@ -133,7 +133,7 @@ def _length_cases(model: Any, p: dict[str, Any]) -> list[dict[str, Any]]:
             mem = peak_memory_mb(enc)  # doubles as the warm-up run
             fns[impl] = enc
             results[impl] = {"peak_mb": mem["peak_mb"], "memory_method": mem["method"], "estimate_mb": est}
-        # ABAB...: the two kernels alternate repeat by repeat
+        # AB BA AB...: the two kernels alternate repeat by repeat, in turn first
         timed = time_interleaved(fns, repeats=p["repeats"][length], warmup=0) if fns else {}
         for impl, t in timed.items():
             results[impl].update(median_s=t["median_s"], times_s=t["times_s"], emb=t["result"])

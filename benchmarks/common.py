@@ -5,8 +5,8 @@ shape: ``{"section", "name", "unit", "ours", "peer", "peer_name", "ratio", "rati
 "passed", "verdict", "ci", "status", "reason", "details"}``.
 
 Timed ratios are noisy on a shared machine, so ours and the peer run interleaved repeat by repeat
-(ABAB...), each repeat gives one paired ratio, and a figure reports their geometric mean with a
-t-interval (``ci``). A goal is PASS only when the whole interval clears it, FAIL when the whole interval
+(AB BA AB...: the order rotates so neither side always runs first), each repeat gives one paired ratio,
+and a figure reports their geometric mean with a t-interval (``ci``). A goal is PASS only when the whole interval clears it, FAIL when the whole interval
 misses it, and ``inconclusive`` otherwise (``passed`` is then None). Deterministic figures (memory,
 token counts) carry no interval and are judged on the value.
 """
@@ -62,7 +62,9 @@ def time_fn(fn: Callable[[], Any], repeats: int = 3, warmup: int = 1) -> dict[st
 def time_interleaved(
     fns: dict[str, Callable[[], Any]], repeats: int = 3, warmup: int = 1
 ) -> dict[str, dict[str, Any]]:
-    """Time several callables round-robin (a, b, c, a, b, c...) so machine-load drift hits all alike.
+    """Time several callables round-robin so machine-load drift hits all alike, the order rotated each repeat
+    (a b c, b c a, c a b, ...): on this VM the first call of a round ran 1-2% slower whichever it was, so a fixed
+    order put that on one side of every paired ratio.
 
     Returns, per name, ``{"median_s", "times_s", "result"}`` (result of the last timed call).
     """
@@ -73,8 +75,10 @@ def time_interleaved(
             fn()
     times: dict[str, list[float]] = {name: [] for name in fns}
     results: dict[str, Any] = {}
-    for _ in range(repeats):
-        for name, fn in fns.items():
+    names = list(fns)
+    for r in range(repeats):
+        for name in names[r % len(names):] + names[: r % len(names)]:
+            fn = fns[name]
             gc.collect()
             start = time.perf_counter()
             results[name] = fn()

@@ -288,7 +288,10 @@ def test_time_interleaved_runs_each_repeat():
     calls = []
     res = common.time_interleaved({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, repeats=3,
                                   warmup=1)
-    assert calls == ["a", "b"] * 4
+    assert calls == ["a", "b"] + ["a", "b", "b", "a", "a", "b"]  # warm-up, then the order rotates each repeat
+    calls.clear()
+    three = common.time_interleaved({k: (lambda k=k: calls.append(k)) for k in "abc"}, repeats=3, warmup=0)
+    assert "".join(calls) == "abcbcacab" and all(len(v["times_s"]) == 3 for v in three.values())
     assert len(res["a"]["times_s"]) == 3 and res["b"]["median_s"] >= 0
     with pytest.raises(ValueError, match="repeats"):
         common.time_fn(lambda: None, repeats=0)
