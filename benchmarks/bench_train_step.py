@@ -21,7 +21,7 @@ SECTION = "train_step"
 SIZES: dict[str, dict[str, Any]] = {
     "tiny": {"steps": 3, "warmup_steps": 1, "batch_size": 2, "group_size": 2, "query_len": 16, "passage_len": 48,
              "rounds": 1},
-    # many short rounds: each round is one paired sample (Lightning fit, then the raw loop) for the interval
+    # many short rounds: each round is one paired sample (Lightning fit and the raw loop, in turn first)
     "full": {"steps": 8, "warmup_steps": 2, "batch_size": 8, "group_size": 2, "query_len": 32, "passage_len": 128,
              "rounds": 6},
 }
@@ -138,9 +138,11 @@ def run(size: str = "tiny") -> list[dict[str, Any]]:
     fit_s = []
     light_round_s: list[float] = []
     raw_round_s: list[float] = []
-    for _ in range(p["rounds"]):  # ABAB...: machine-load drift hits both sides; one paired ratio per round
-        light = lightning_loop(fresh_model(), batches)
-        raw = raw_loop(fresh_model(), batches, p["group_size"])
+    loops = {"light": lambda: lightning_loop(fresh_model(), batches),
+             "raw": lambda: raw_loop(fresh_model(), batches, p["group_size"])}
+    for r in range(p["rounds"]):  # AB BA...: drift and the first-in-round slowdown hit both sides alike
+        ran = {side: loops[side]() for side in (("light", "raw") if r % 2 == 0 else ("raw", "light"))}
+        light, raw = ran["light"], ran["raw"]
         light_steps += light["step_s"][p["warmup_steps"]:]
         raw_steps += raw["step_s"][p["warmup_steps"]:]
         light_round_s.append(statistics.median(light["step_s"][p["warmup_steps"]:]))

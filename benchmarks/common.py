@@ -6,9 +6,9 @@ shape: ``{"section", "name", "unit", "ours", "peer", "peer_name", "ratio", "rati
 
 Timed ratios are noisy on a shared machine, so ours and the peer run interleaved repeat by repeat
 (AB BA AB...: the order rotates so neither side always runs first), each repeat gives one paired ratio,
-and a figure reports their geometric mean with a t-interval (``ci``). A goal is PASS only when the whole interval clears it, FAIL when the whole interval
-misses it, and ``inconclusive`` otherwise (``passed`` is then None). Deterministic figures (memory,
-token counts) carry no interval and are judged on the value.
+and a figure reports their geometric mean with a t-interval (``ci``). A goal is PASS only when the whole
+interval clears it, FAIL when the whole interval misses it, and ``inconclusive`` otherwise (``passed`` is
+then None). Deterministic figures (memory, token counts) carry no interval and are judged on the value.
 """
 
 from __future__ import annotations

@@ -90,9 +90,9 @@ def to_markdown(report: dict[str, Any]) -> str:
         f"({env.get('torch_threads')} torch threads), CUDA: {env.get('gpu', 'no')}; "
         f"load average at start {tuple(round(x, 2) for x in env.get('loadavg', ()))}; "
         f"total {report.get('total_wall_s', 0):.1f} s. Times are medians of repeats, warm-up excluded; ours and "
-        "the peer run interleaved (AB BA AB..., the order rotated each repeat), a timed ratio is the geometric mean of the per-repeat paired "
-        "ratios [95% t-interval], and a goal is PASS/FAIL only when the whole interval clears/misses it "
-        "(else inconclusive).",
+        "the peer run interleaved (AB BA AB..., the order rotated each repeat), a timed ratio is the geometric "
+        "mean of the per-repeat paired ratios [95% t-interval], and a goal is PASS/FAIL only when the whole "
+        "interval clears/misses it (else inconclusive).",
         "",
         "| section | figure | unit | ours | peer | ratio | ratio is | goal | pass |",
         "|---|---|---|---|---|---|---|---|---|",
