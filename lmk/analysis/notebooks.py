@@ -34,10 +34,11 @@ import nbformat
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
+from lmk.config.paths import in_repo
+
 PARAMETERS_TAG = "parameters"
 INJECTED_TAG = "injected-parameters"
-REPO_ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_DIR = REPO_ROOT / "notebooks"
+DEFAULT_DIR = in_repo("notebooks")
 
 
 def read(path: str | Path) -> nbformat.NotebookNode:

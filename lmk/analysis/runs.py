@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from omegaconf import OmegaConf
 
 from lmk.config import CONF_DIR
+from lmk.config.paths import in_repo
 from lmk.model.embedding import EmbeddingModel
 from lmk.model.loading import load_model
 
@@ -85,7 +86,7 @@ def trained_runs(sweep_dir: str | Path) -> list[Path]:
 
 def default_table2_root() -> Path:
     """Where `make reproduce-table2` writes its sweeps: <repo>/outputs/table2/<scale>/."""
-    return Path(__file__).resolve().parents[2] / "outputs" / "table2"
+    return in_repo("outputs", "table2")
 
 
 def _newest_finished(sweep: Path) -> float | None:

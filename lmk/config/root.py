@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
 from omegaconf import OmegaConf, open_dict
@@ -19,6 +18,7 @@ from omegaconf import OmegaConf, open_dict
 from lmk.config.data import DataConfig
 from lmk.config.eval import EvalConfig
 from lmk.config.model import EncoderConfig, PoolingConfig
+from lmk.config.paths import PACKAGE_DIR, repo_root
 from lmk.config.schema import ConfigError, at_least, build_section, choice, get_key, positive, to_container
 
 PRECISIONS = ("32", "32-true", "64", "64-true", "16", "16-mixed", "bf16", "bf16-mixed", "16-true", "bf16-true",
@@ -27,7 +27,8 @@ ACCELERATORS = ("cpu", "gpu", "cuda", "mps", "tpu", "auto")
 LOGGERS = ("wandb", "csv", "none")
 
 # The Hydra config groups (conf/): every module that composes a config outside Hydra's own entry points.
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+# Outside a checkout (a wheel) there is none: Hydra then names the missing folder when a command composes.
+CONF_DIR = (repo_root() or PACKAGE_DIR.parent) / "conf"
 
 
 # ---- sections owned here -----------------------------------------------------------------------

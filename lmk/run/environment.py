@@ -24,6 +24,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from lmk.config.paths import repo_root
+
 LOCK_FILE = "requirements.lock"
 PROJECT = "lmk"
 # Installer tools: present in any venv, never part of what the code computes with.
@@ -46,8 +48,9 @@ def _public(version: str) -> str:
 
 def lock_path() -> Path | None:
     """The repository's lock file (None outside a checkout, e.g. a wheel install)."""
-    path = Path(__file__).resolve().parents[2] / LOCK_FILE
-    return path if path.is_file() else None
+    root = repo_root()
+    path = root / LOCK_FILE if root else None
+    return path if path is not None and path.is_file() else None
 
 
 def read_lock(path: str | os.PathLike) -> dict[str, str]:
