@@ -1,4 +1,4 @@
-"""Exact resume: SIGKILLed mid-epoch at step 13 and resumed with ckpt_path=last, a run logs every step
+"""Exact resume: SIGKILLed mid-epoch at step 13 and run again with the same command, a run logs every step
 once, with the losses and final weights of an uninterrupted run, and continues the same W&B run."""
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def test_killed_mid_epoch_resume_matches_uninterrupted_run(tmp_path):
     wandb_id = results(run)["wandb"]["id"]  # recorded at start, before the kill
 
     with pytest.warns() as caught:
-        in_process(run, pairs, *SETUP, "ckpt_path=last")
+        in_process(run, pairs, *SETUP)  # the same command: ckpt_path=auto takes the newest valid checkpoint
     assert not [w for w in caught if "not resumable" in str(w.message)]
     res = results(run)
     assert res["status"] == "done" and res["checkpoints"]["resumed_from"].endswith("last.ckpt")

@@ -1,5 +1,5 @@
 """One live run per run folder: a second run refuses (naming the owner), stale locks are taken over,
-a finished folder is reused only through ckpt_path=last or overwrite=true."""
+a finished folder is reused only through overwrite=true (or a named checkpoint file)."""
 
 from __future__ import annotations
 
@@ -65,7 +65,7 @@ def test_second_run_in_a_live_folder_refuses_and_a_killed_owner_is_stale(tmp_pat
 def test_finished_folder_needs_resume_or_overwrite(tmp_path, pairs):
     run_dir = tmp_path / "run"
     in_process(run_dir, pairs, "trainer.max_steps=1")
-    with pytest.raises(run_lock.RunFolderBusy, match="finished run.*ckpt_path=last.*overwrite=true"):
+    with pytest.raises(run_lock.RunFolderBusy, match="finished run.*overwrite=true"):
         in_process(run_dir, pairs, "trainer.max_steps=1")
     assert results(run_dir)["status"] == "done"  # the refused run wrote nothing
     # (ckpt_path=last on a finished folder: test_train.py::test_same_seed_same_metrics_and_resume_continues)
@@ -158,15 +158,11 @@ def test_lock_names_its_job_and_is_judged_from_any_host(tmp_path, monkeypatch):
     _fake_lock(tmp_path / "b", host="node-9", pid=77, job_id="31337", scheduler="local", started="then")
     with pytest.warns(UserWarning, match="stale lock"):
         run_lock.acquire(tmp_path / "b")
-    # A SLURM job on another host: the scheduler decides; without one here it cannot be judged.
-    owner = {"host": "node-9", "pid": 77, "job_id": "555", "scheduler": "slurm"}
+    # A SLURM job on another host: the scheduler decides; on a host without one it cannot be judged. (The
+    # scheduler's own verdicts, on a real cluster: tests/test_scheduler.py.)
+    owner = {"host": "node-9", "pid": 77, "job_id": "555", "scheduler": "slurm", "user": "someone"}
+    monkeypatch.setenv("PATH", str(tmp_path / "no-slurm-here"))
     assert run_lock.judge(owner) == "unknown"
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    squeue = bin_dir / "squeue"  # SLURM's squeue, answering as it does for a job it no longer lists
-    squeue.write_text("#!/bin/sh\necho 'slurm_load_jobs error: Invalid job id specified' >&2\nexit 1\n")
-    squeue.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    assert run_lock.judge(owner) == "dead"
-    squeue.write_text("#!/bin/sh\necho RUNNING\n")
-    assert run_lock.judge(owner) == "alive"
+    with pytest.raises(run_lock.RunFolderBusy, match="cannot be checked"):
+        _fake_lock(tmp_path / "c", **owner, started="then")
+        run_lock.acquire(tmp_path / "c")

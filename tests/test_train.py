@@ -117,8 +117,9 @@ def test_same_seed_same_metrics_and_resume_continues(tmp_path, pairs):
     assert results(a)["metrics"]["train/loss"] == results(b)["metrics"]["train/loss"]
     assert "error" not in results(a) and "eval" not in results(a)
     assert results(a)["timings"]["fit_steps"] == 2
-    # Resume a's last.ckpt (step 2) up to step 4: two more steps, appended to the same metrics.csv.
-    in_process(a, pairs, "seed=3", "trainer.max_steps=4", "ckpt_path=last")
+    # Continue a's last.ckpt (step 2) up to step 4 under a changed max_steps: only a named checkpoint file does
+    # that (the resume rule never takes another config's weights); two more steps, appended to metrics.csv.
+    in_process(a, pairs, "seed=3", "trainer.max_steps=4", f"ckpt_path={a / 'checkpoints' / 'last.ckpt'}")
     res = results(a)
     assert res["metrics"]["global_step"] == 4
     assert res["checkpoints"]["resumed_from"].endswith("last.ckpt")

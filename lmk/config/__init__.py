@@ -16,6 +16,8 @@ from lmk.config.data import DataConfig, SourceConfig
 from lmk.config.eval import EvalConfig, EvalConfigError
 from lmk.config.model import EncoderConfig, PoolingConfig
 from lmk.config.root import (
+    CKPT_AUTO,
+    CKPT_FRESH,
     CONF_DIR,
     RootConfig,
     TrainSection,
@@ -26,7 +28,7 @@ from lmk.config.root import (
 from lmk.config.schema import ConfigError, UserError, get_key, is_user_error, plain, to_container
 
 __all__ = [
-    "CONF_DIR", "ConfigError", "DataConfig", "EncoderConfig", "EvalConfig", "EvalConfigError", "PoolingConfig",
+    "CKPT_AUTO", "CKPT_FRESH", "CONF_DIR", "ConfigError", "DataConfig", "EncoderConfig", "EvalConfig", "EvalConfigError", "PoolingConfig",
     "RootConfig", "SourceConfig", "TrainSection", "UserError", "derive_seeds", "effective_batch", "get_key",
     "is_user_error", "plain", "to_container", "validate",
 ]

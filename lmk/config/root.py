@@ -25,6 +25,10 @@ PRECISIONS = ("32", "32-true", "64", "64-true", "16", "16-mixed", "bf16", "bf16-
               "transformer-engine")
 ACCELERATORS = ("cpu", "gpu", "cuda", "mps", "tpu", "auto")
 LOGGERS = ("wandb", "csv", "none")
+# `ckpt_path` values: the resume rule (the newest checkpoint of the run folder that loads and carries this config's
+# hash, else a fresh start; `last` is the older spelling), a fresh start, or else a checkpoint file.
+CKPT_AUTO = ("auto", "last")
+CKPT_FRESH = (None, "", "null", "none")
 
 # The Hydra config groups (conf/): every module that composes a config outside Hydra's own entry points.
 # Outside a checkout (a wheel) there is none: Hydra then names the missing folder when a command composes.
@@ -177,8 +181,8 @@ class RootConfig:
 
     seed: int = 0
     run_dir: str = "outputs/run"
-    ckpt_path: str | None = None  # null | last | a checkpoint path
-    overwrite: bool = False  # start a finished run folder over (else only ckpt_path=last reuses it)
+    ckpt_path: str | None = "auto"  # auto (the resume rule) | null (fresh) | a checkpoint path
+    overwrite: bool = False  # start a finished run folder over
     name: str = "train"
     row: str | None = None  # the table row id the row sweeper sets (`++row=...`)
     encoder: Any = None
@@ -288,7 +292,7 @@ def effective_batch(cfg: Any) -> dict[str, Any]:
 
 def _cross_checks(root: RootConfig) -> None:
     if root.ckpt_path is not None and not isinstance(root.ckpt_path, str):
-        raise ConfigError(f"ckpt_path={root.ckpt_path!r} is not valid; allowed values: null, last, a file path")
+        raise ConfigError(f"ckpt_path={root.ckpt_path!r} is not valid; allowed values: auto, null, a file path")
     t = root.trainer
     if root.data.streaming and t.max_steps == -1:
         # A stream repeats forever: an epoch never ends, and the lr schedule (sized by max_steps) would sit at 0.

@@ -7,15 +7,17 @@ callback `RunLockCallback` before Hydra writes `.hydra/` (single runs), else by 
 
 Stale locks: the lock names the owner's host, pid and process start time, and the scheduler's job id
 (SLURM's, or submitit's local job), so it can be judged from any host (`judge`): on the owner's host by its
-pid (gone, reused by a newer process, or a zombie: stale); elsewhere by the scheduler (`squeue`, when there is
-one: a job it no longer lists is over); a lock of this very job left by an earlier incarnation (a requeue that
-landed on another host) is stale. What cannot be judged is honoured, with the fix named; the row sweeper,
+pid (gone, reused by a newer process, or a zombie: stale); elsewhere by the scheduler (`lmk.run.scheduler`: a job
+it reports ended, or a job of this user it no longer knows, is over; another user's job it does not show is
+"unknown", never "dead"); a lock of this very job left by an earlier incarnation (a requeue that landed on
+another host) is stale. What cannot be judged is honoured, with the fix named; the row sweeper,
 which knows the jobs it launched, clears such a lock when its job is known to be over.
 Under DDP only global rank 0 owns the folder; the other ranks wait (before any process group forms) until
 the lock names their job, or rank 0 recorded its refusal (`run.lock.refused`): then they exit at once too.
 
-A finished folder (results.json `status: done`) is reused only to resume it (`ckpt_path=last` or a
-.ckpt path) or with `overwrite=true`.
+A finished folder (results.json `status: done`) is reused only with `overwrite=true` (or a named .ckpt file).
+Rank 0 also publishes its resume decision in the lock (`publish`), which the other ranks read
+(`await_published`), so every rank resumes from the same checkpoint.
 """
 
 from __future__ import annotations
@@ -23,9 +25,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import socket
-import subprocess
 import sys
 import time
 import warnings
@@ -35,9 +35,11 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf
 
+from lmk.config import CKPT_AUTO, CKPT_FRESH
 from lmk.config.schema import UserError
 from lmk.run.files import write_json
 from lmk.run.results import STATUS_DONE, read_results
+from lmk.run.scheduler import current_user, slurm_job
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +91,8 @@ def _owner_record() -> dict[str, Any]:
         os.environ[TOKEN_VAR] = f"{socket.gethostname()}:{os.getpid()}:{proc[1] if proc else time.time()}"
     scheduler, job_id = job_identity()
     return {"host": socket.gethostname(), "pid": os.getpid(), "proc_start": proc[1] if proc else None,
-            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "scheduler": scheduler, "job_id": job_id}
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "scheduler": scheduler, "job_id": job_id,
+            "user": current_user()}
 
 
 def _is_alive(owner: dict[str, Any]) -> bool:
@@ -110,20 +113,6 @@ def _is_alive(owner: dict[str, Any]) -> bool:
     return state != "Z" and (owner.get("proc_start") is None or start == owner["proc_start"])
 
 
-def _scheduler_verdict(job_id: str) -> str:
-    """"alive" | "dead" | "unknown" for a SLURM job, asked of `squeue` (unknown where there is none)."""
-    if shutil.which("squeue") is None:
-        return "unknown"
-    try:
-        proc = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True,
-                              timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    if proc.returncode == 0:
-        return "alive" if proc.stdout.strip() else "dead"
-    return "dead" if "invalid job id" in proc.stderr.lower() else "unknown"
-
-
 def judge(owner: dict[str, Any]) -> str:
     """Whether a lock's owner still runs, judged from this host: "alive", "dead" or "unknown"."""
     scheduler, job_id = job_identity()
@@ -133,7 +122,7 @@ def judge(owner: dict[str, Any]) -> str:
     if owner.get("host") == socket.gethostname():
         return "alive" if _is_alive(owner) else "dead"
     if owner.get("scheduler") == "slurm" and owner.get("job_id"):
-        return _scheduler_verdict(str(owner["job_id"]))
+        return slurm_job(str(owner["job_id"]), owner.get("user")).verdict
     return "unknown"
 
 
@@ -229,31 +218,41 @@ def release(run_dir: str | os.PathLike) -> None:
 
 
 def check_reuse(run_dir: str | os.PathLike, ckpt_path: Any, overwrite: bool) -> None:
-    """Refuse to start a new run over a finished one unless it resumes it or `overwrite=true`."""
-    if overwrite or ckpt_path not in (None, "", "null"):
+    """Refuse to start a new run over a finished one unless `overwrite=true` (or a named checkpoint file)."""
+    if overwrite or ckpt_path not in (*CKPT_AUTO, *CKPT_FRESH):
         return
     try:
         status = read_results(run_dir).get("status")
     except ValueError:
         return  # unreadable results.json: nothing finished to protect
     if status == STATUS_DONE:
-        raise RunFolderBusy(f"run folder {run_dir} holds a finished run (results.json status: done): resume it "
-                            "with ckpt_path=last, start over with overwrite=true, or choose another hydra.run.dir")
+        raise RunFolderBusy(f"run folder {run_dir} holds a finished run (results.json status: done): start it over "
+                            "with overwrite=true, or choose another hydra.run.dir")
 
 
-def follow_rank_zero(run_dir: str | os.PathLike, timeout_s: float = FOLLOW_TIMEOUT_S) -> None:
-    """A non-zero rank: return once the lock names this job; raise RunFolderBusy as soon as rank 0 recorded
-    its refusal (so no rank waits at the rendezvous for a rank 0 that is gone). Without a job identity
-    (an unknown launcher) there is nothing to compare: return."""
+def publish(run_dir: str | os.PathLike, **fields: Any) -> None:
+    """Rank 0: add `fields` to the lock it owns (its decisions the other ranks of the job follow)."""
+    path = Path(run_dir).resolve() / LOCK_FILE
+    owner = _read(path)
+    if owner and _is_me(owner):
+        write_json(path, {**owner, **fields})
+
+
+def follow_rank_zero(run_dir: str | os.PathLike, timeout_s: float = FOLLOW_TIMEOUT_S,
+                     need: str | None = None) -> dict[str, Any] | None:
+    """A non-zero rank: rank 0's lock record once it names this job (and holds the key `need`, which rank 0
+    `publish`es); raise RunFolderBusy as soon as rank 0 recorded its refusal (so no rank waits at the rendezvous
+    for a rank 0 that is gone). Without a job identity (an unknown launcher) there is nothing to compare: None."""
     scheduler, job_id = job_identity()
     if job_id is None:
-        return
+        return None
     run_dir = Path(run_dir).resolve()
     deadline = time.monotonic() + timeout_s
     while True:
         owner = _read(run_dir / LOCK_FILE)
-        if owner and owner.get("job_id") == job_id and owner.get("scheduler") == scheduler:
-            return
+        if owner and owner.get("job_id") == job_id and owner.get("scheduler") == scheduler and (
+                need is None or need in owner):
+            return owner
         refusal = _read(run_dir / REFUSED_FILE)
         if refusal and refusal.get("job_id") == job_id and float(refusal.get("t", 0)) >= _T0 - 600:
             raise RunFolderBusy(str(refusal.get("message")))

@@ -3,7 +3,7 @@
 Examples:
     python -m lmk.train encoder=tiny-modernbert pooling=lmk-variable trainer=cpu logger=wandb
     python -m lmk.train -m pooling=lmk-fixed pooling.chunk_size=32,64,128
-    python -m lmk.train ckpt_path=last hydra.run.dir=<run dir>      # resume <run dir>/checkpoints/last.ckpt
+    python -m lmk.train hydra.run.dir=<run dir>      # an interrupted run: resumes its newest valid checkpoint
     python -m lmk.train overwrite=true hydra.run.dir=<finished run>  # start a finished folder over
 
 A run folder has one live owner (`lmk.run.lock`); a resumed run continues exactly (`lmk.train.resume`).

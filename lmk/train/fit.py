@@ -8,6 +8,7 @@ earlier one recorded, and a failed run records its error.
 from __future__ import annotations
 
 import logging
+import os
 import time
 import traceback
 import warnings
@@ -19,9 +20,10 @@ import hydra
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_only
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
-from lmk.config import RootConfig, derive_seeds, to_container
+from lmk.config import CKPT_AUTO, CKPT_FRESH, RootConfig, derive_seeds, to_container
 from lmk.eval.callback import build_eval_callback
 from lmk.hub.mirror import with_mirrored_sources
 from lmk.model.embedding import EmbeddingModel
@@ -37,11 +39,13 @@ from lmk.run.loggers import (
     use_hydra_logging,
     wandb_info,
 )
-from lmk.run.results import Timer, config_hash_of, git_commit, read_results, update_results
+from lmk.run.results import STATUS_DONE, Timer, config_hash_of, git_commit, read_results, update_results
+from lmk.train.checkpoints import AtomicCheckpointIO, ResumePoint, newest_valid, read_info, resume_point
 from lmk.train.fault_hooks import FaultCallback
 from lmk.train.guard import NonFiniteError, NonFiniteGuard
 from lmk.train.module import ContrastiveModule
 from lmk.train.progress import LineProgress
+from lmk.train.requeue import RequeueOnSignal, RequeueRequested
 from lmk.train.resume import ExactResume, start_fresh
 
 log = logging.getLogger(__name__)
@@ -54,21 +58,6 @@ def is_rank_zero() -> bool:
         rank_zero_only.rank = rank
         return rank == 0
     return rank_zero_only.rank == 0
-
-
-def resolve_ckpt_path(ckpt_path: str | None, run_dir: Path) -> str | None:
-    """`last` -> <run_dir>/checkpoints/last.ckpt (None with a warning when there is none yet)."""
-    if ckpt_path in (None, "", "null"):
-        return None
-    if ckpt_path == "last":
-        path = run_dir / "checkpoints" / "last.ckpt"
-        if not path.exists():
-            log.warning("ckpt_path=last but %s does not exist: starting from scratch", path)
-            return None
-        return str(path)
-    if not Path(ckpt_path).exists():
-        raise FileNotFoundError(f"ckpt_path={ckpt_path!r} does not exist; use null, last or an existing .ckpt")
-    return ckpt_path
 
 
 def build_model(cfg: DictConfig, typed: RootConfig) -> EmbeddingModel:
@@ -98,18 +87,22 @@ def build_module(typed: RootConfig, model: Any) -> ContrastiveModule:
     )
 
 
-def build_callbacks(typed: RootConfig, run_dir: Path, has_logger: bool) -> list[Any]:
-    """ModelCheckpoint first (the run reads it back), ExactResume, the non-finite guard, then the LR monitor and
-    eval callback."""
+def build_callbacks(typed: RootConfig, run_dir: Path, has_logger: bool, config_hash: str) -> list[Any]:
+    """ModelCheckpoint first (the run reads it back), ExactResume, the non-finite guard, the requeue signal, then
+    the LR monitor and eval callback."""
     t = typed.train
     every = t.checkpoint_every_n_steps or max(typed.trainer.max_steps, 1)
     callbacks: list[Any] = [
+        # no version counter: a new run never writes last-v1.ckpt beside an old last.ckpt (the resume rule and
+        # AtomicCheckpointIO make overwriting safe)
         ModelCheckpoint(
             dirpath=str(run_dir / "checkpoints"), filename="best", monitor=t.monitor, mode=t.monitor_mode,
             save_top_k=1, save_last=True, every_n_train_steps=every, auto_insert_metric_name=False,
+            enable_version_counter=False,
         ),
-        ExactResume(run_dir),
+        ExactResume(run_dir, config_hash),
         NonFiniteGuard(),
+        RequeueOnSignal(run_dir),
     ]
     if has_logger:
         callbacks.append(LearningRateMonitor(logging_interval="step"))
@@ -133,9 +126,11 @@ def build_trainer(typed: RootConfig, cfg: DictConfig, run_dir: Path, callbacks: 
         callbacks = [LineProgress(label=f"{row}: " if row else ""), *callbacks]  # its last line before the eval
     kwargs["enable_progress_bar"] = False
     kwargs.setdefault("default_root_dir", str(run_dir))
-    plugins = cluster_plugins()  # submitit's local executor started the ranks: Lightning must not spawn
-    extra = {"plugins": plugins} if plugins else {}
-    return hydra.utils.instantiate(kwargs, callbacks=callbacks, logger=loggers if loggers else False, **extra)
+    # checkpoints renamed into place, never truncated; submitit's local executor started the ranks: Lightning
+    # must not spawn
+    plugins = [AtomicCheckpointIO(), *cluster_plugins()]
+    return hydra.utils.instantiate(kwargs, callbacks=callbacks, logger=loggers if loggers else False,
+                                   plugins=plugins)
 
 
 def trainer_metrics(trainer: Any) -> dict[str, float]:
@@ -160,7 +155,7 @@ class _Run:
     digest: str
     rank_zero: bool
     timer: Timer = field(default_factory=Timer)
-    ckpt: str | None = None
+    point: ResumePoint = field(default_factory=lambda: ResumePoint(None))
     loggers: Any = None
     model: Any = None
     datamodule: Any = None
@@ -169,23 +164,54 @@ class _Run:
     trainer: Any = None
 
 
+def _resume_point(run: _Run) -> ResumePoint:
+    """The checkpoint this job resumes from (`lmk.train.checkpoints.resume_point`): rank 0 decides (it may move
+    old checkpoints aside) and publishes it in the run lock; the other ranks take the same one."""
+    typed = run.typed
+    if run.rank_zero:
+        start_over = typed.overwrite and read_results(run.run_dir).get("status") == STATUS_DONE
+        point = resume_point(typed.ckpt_path, run.run_dir, run.digest, start_over=start_over)
+        run_lock.publish(run.run_dir, resume=str(point.path) if point.path else None)
+        return point
+    owner = run_lock.follow_rank_zero(run.run_dir, need="resume")
+    if owner is not None:
+        return ResumePoint(Path(owner["resume"]) if owner["resume"] else None)
+    # no job identity to follow (a launcher lmk does not know): the same rule, without moving anything
+    if typed.ckpt_path in CKPT_FRESH:
+        return ResumePoint(None)
+    if typed.ckpt_path in CKPT_AUTO:
+        return newest_valid(run.run_dir, run.digest)
+    info, _ = read_info(typed.ckpt_path)
+    return ResumePoint(Path(typed.ckpt_path), info.global_step if info else None)
+
+
 def _start(run: _Run) -> None:
     """Resolve the checkpoint; a new run starts its files over, a resumed one adds to them."""
-    run.ckpt = resolve_ckpt_path(run.typed.ckpt_path, run.run_dir)
+    run.point = _resume_point(run)
     if run.rank_zero:
-        if run.ckpt is None:
+        resumed = run.point.path is not None
+        if not resumed:
             start_fresh(run.run_dir)  # a new run never appends to an old metrics.csv / W&B run
-        update_results(run.run_dir, fresh=run.ckpt is None, status="running", config=run.resolved,
+        log.info("%s", run.point.describe())
+        update_results(run.run_dir, fresh=not resumed, status="running", config=run.resolved,
                        config_hash=run.digest, git_commit=git_commit(),
-                       **(_interruptions(run.run_dir) if run.ckpt else {}))
+                       resume={"from": str(run.point.path) if resumed else None, "step": run.point.step,
+                               "passed_over": [f"{p.name}: {why}" for p, why in run.point.skipped],
+                               "moved_aside": str(run.point.moved_to) if run.point.moved_to else None},
+                       **(_interruptions(run.run_dir, run.point) if resumed else {}))
 
 
-def _interruptions(run_dir: Path) -> dict[str, Any]:
-    """A resumed run: the error that interrupted it moves to `interruptions` (a finished run shows no error)."""
+def _interruptions(run_dir: Path, point: ResumePoint) -> dict[str, Any]:
+    """A resumed run: what stopped the previous attempt moves to `interruptions` (a finished run shows no error)."""
     previous = read_results(run_dir)
     history = list(previous.get("interruptions") or [])
-    if previous.get("error"):
-        history.append({"error": previous["error"], "at": previous.get("updated_at")})
+    status = previous.get("status")
+    if status in ("running", "interrupted", "failed"):
+        error = previous.get("error") or ("stopped without a trace: killed, requeued by the scheduler or its node "
+                                          "lost" if status == "running" else None)
+        history.append({"status": status, "error": error, "at": previous.get("updated_at"),
+                        "resumed_from": str(point.path), "step": point.step,
+                        "scheduler_restarts": os.environ.get("SLURM_RESTART_COUNT")})
     return {"error": None, "traceback": None, "interruptions": history} if history else {}
 
 
@@ -197,13 +223,13 @@ def _setup(run: _Run) -> None:
     run.model = build_model(run.cfg, run.typed)
     run.datamodule = build_datamodule(run.cfg, run.model)
     run.module = build_module(run.typed, run.model)
-    run.loggers = build_logger(run.typed.logger, run.run_dir, run.resolved, resume=run.ckpt is not None)
+    run.loggers = build_logger(run.typed.logger, run.run_dir, run.resolved, resume=run.point.path is not None)
     if run.rank_zero:
         # now, not only at the end: a killed run's results.json still points at its W&B run
         update_results(run.run_dir, wandb=wandb_info(run.loggers))
     for lg in (run.loggers if isinstance(run.loggers, list) else [run.loggers] if run.loggers else []):
         lg.log_hyperparams(run.resolved)  # resolved: no ${...} left in W&B / hparams.yaml
-    run.callbacks = build_callbacks(run.typed, run.run_dir, has_logger=bool(run.loggers))
+    run.callbacks = build_callbacks(run.typed, run.run_dir, has_logger=bool(run.loggers), config_hash=run.digest)
     run.trainer = build_trainer(run.typed, run.cfg, run.run_dir, run.callbacks, run.loggers)
     t = run.trainer
     log.info("rank %d of %d: node %d, local rank %d", t.global_rank, t.world_size, t.node_rank, t.local_rank)
@@ -217,7 +243,8 @@ def _fit(run: _Run) -> float:
             # The map-style sampler resumes mid-epoch (lmk.train.resume); Lightning cannot tell and warns it
             # does not. A stream has no position to restore: that warning stays.
             warnings.filterwarnings("ignore", message=".*dataloader is not resumable.*")
-        run.trainer.fit(run.module, datamodule=run.datamodule, ckpt_path=run.ckpt)
+        ckpt = str(run.point.path) if run.point.path else None
+        run.trainer.fit(run.module, datamodule=run.datamodule, ckpt_path=ckpt)
     if run.callbacks[0]._last_global_step_saved != run.trainer.global_step:
         run.trainer.save_checkpoint(str(run.run_dir / "checkpoints" / "last.ckpt"))
     return time.perf_counter() - t0
@@ -238,7 +265,8 @@ def _finish(run: _Run, fit_s: float, metrics: dict[str, float]) -> None:
         data_fingerprint=getattr(run.datamodule, "fingerprint", None),
         data=getattr(run.datamodule, "report", None),  # per source: rows kept / skipped as bad
         checkpoints={"last": str(run_dir / "checkpoints" / "last.ckpt"),
-                     "best": run.callbacks[0].best_model_path or None, "resumed_from": run.ckpt},
+                     "best": run.callbacks[0].best_model_path or None,
+                     "resumed_from": str(run.point.path) if run.point.path else None},
         export=str(run_dir / "export") if typed.train.export else None,
     )
 
@@ -252,6 +280,21 @@ def _non_finite(err: BaseException, run_dir: Path) -> dict[str, Any]:
     if not info.get("last_good_checkpoint") and last.exists():
         info["last_good_checkpoint"] = str(last)
     return {"non_finite": info}
+
+
+def stop_status(err: BaseException, run: _Run) -> tuple[str, str]:
+    """(results.json status, error) of a run that stopped on `err`: "interrupted" when the scheduler or a user
+    stopped it (it resumes from its last checkpoint), "failed" otherwise."""
+    step = int(run.trainer.global_step) if run.trainer is not None else None
+    at = f" at step {step}" if step is not None else ""
+    if isinstance(err, RequeueRequested):
+        return "interrupted", str(err)
+    if isinstance(err, SIGTERMException):
+        return "interrupted", (f"stopped by SIGTERM{at} (a requeue, preemption, lost node or scancel); a rerun or "
+                               "the requeued job resumes from the last checkpoint")
+    if isinstance(err, (SystemExit, KeyboardInterrupt)):
+        return "interrupted", f"{type(err).__name__}{at}: {err}"
+    return "failed", f"{type(err).__name__}: {err}"
 
 
 def fit(cfg: DictConfig, typed: RootConfig) -> float | None:
@@ -282,7 +325,8 @@ def fit(cfg: DictConfig, typed: RootConfig) -> float | None:
     except BaseException as err:
         if run.rank_zero:
             try:
-                update_results(run_dir, status="failed", error=f"{type(err).__name__}: {err}",
+                status, error = stop_status(err, run)
+                update_results(run_dir, status=status, error=error,
                                traceback=traceback.format_exc(limit=20), timings=dict(run.timer.timings),
                                **_non_finite(err, run_dir))
             except Exception:  # noqa: BLE001 - never mask the real error

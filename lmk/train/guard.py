@@ -108,8 +108,9 @@ class NonFiniteGuard(pl.Callback):
         shown = ", ".join(keys[:8]) + (f" (+{len(keys) - 8} more)" if len(keys) > 8 else "")
         raise NonFiniteError(
             f"non-finite {what} at step {step} (rank {', '.join(map(str, bad_ranks))}; samples: {shown or 'unknown'})"
-            f"; the step was not taken and the last good checkpoint is {ckpt or 'none (no checkpoint yet)'}: "
-            "inspect those samples, lower train.lr or set trainer.gradient_clip_val, then resume with ckpt_path=last",
+            f"; the step was not taken and the last good checkpoint is {ckpt or 'none (no checkpoint yet)'}. A rerun "
+            "of this config replays the same batches and stops here again (a sweep does not retry it): inspect those "
+            "samples, or change the config (e.g. a lower train.lr, trainer.gradient_clip_val), which starts it over",
             info)
 
     def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
@@ -122,6 +123,6 @@ class NonFiniteGuard(pl.Callback):
             ckpt = getattr(trainer.checkpoint_callback, "last_model_path", "") or None
             raise NonFiniteError(
                 f"non-finite weights at step {step} ({', '.join(bad[:3])}{' ...' if len(bad) > 3 else ''}); the "
-                f"checkpoint was not written, the last good one is {ckpt or 'none'}: resume with ckpt_path=last",
+                f"checkpoint was not written, the last good one is {ckpt or 'none'}",
                 {"what": "weights", "step": step, "ranks": [trainer.global_rank], "sample_keys": [],
                  "parameters": bad[:20], "last_good_checkpoint": ckpt})

@@ -1,4 +1,5 @@
-"""Exact resume: a run killed mid-epoch and resumed with `ckpt_path=last` continues as if never stopped.
+"""Exact resume: a run killed mid-epoch and resumed (`lmk.train.checkpoints.resume_point`) continues as if never
+stopped.
 
 What makes it exact, and where:
 - data order: `EpochSampler`'s position in the epoch, checkpointed through `PairDataModule.state_dict`;
@@ -25,6 +26,7 @@ import numpy as np
 import torch
 
 from lmk.run.loggers import WANDB_ID_FILE
+from lmk.train.checkpoints import RUN_KEY
 
 log = logging.getLogger(__name__)
 
@@ -75,11 +77,17 @@ def _set_rng_states(states: dict[str, Any]) -> None:
 
 
 class ExactResume(pl.Callback):
-    """Checkpoints the global RNG states and trims metrics.csv on resume (see the module docstring)."""
+    """Checkpoints the global RNG states and the run's config hash (`lmk.train.checkpoints.RUN_KEY`, which the
+    resume rule reads), and trims metrics.csv on resume (see the module docstring)."""
 
-    def __init__(self, run_dir: str | os.PathLike) -> None:
+    def __init__(self, run_dir: str | os.PathLike, config_hash: str | None = None) -> None:
         self.run_dir = Path(run_dir)
+        self.config_hash = config_hash
         self._pending: dict[str, Any] | None = None
+
+    def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                           checkpoint: dict[str, Any]) -> None:
+        checkpoint[RUN_KEY] = {"config_hash": self.config_hash, "global_step": int(trainer.global_step)}
 
     @property
     def state_key(self) -> str:
