@@ -17,7 +17,7 @@ endif
 export HF_HUB_OFFLINE
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: install lock test test-slow test-all lint reproduce-table2 table2 prefetch replicas notebooks bench gpu-check rehearse-nodes clean help
+.PHONY: install lock test test-slow test-all test-slurm slurm-up slurm-down slurm-status lint reproduce-table2 table2 prefetch replicas notebooks bench gpu-check rehearse-nodes clean help
 
 help:
 	@echo "make reproduce-table2 [SCALE=mini|rehearsal|paper|tiny] [FORCE=1] [FAULTS=bad-day] [THROUGHPUT=json]  sweep + table"
@@ -28,6 +28,7 @@ help:
 	@echo "make lock                        refresh requirements.lock (the full pinned environment)"
 	@echo "make notebooks [SCALE=...] | bench  execute notebooks (best sweep present, or SCALE's) / benchmarks"
 	@echo "make rehearse-nodes [NODES=2]    one rehearsal row as a multi-node SLURM job on this machine"
+	@echo "make slurm-up | slurm-down | slurm-status  a real 2-node SLURM cluster here (root, Debian); test-slurm"
 	@echo "make gpu-check                   paper-shaped step + encode tokens/s + rehearsal row on a GPU (JSON)"
 
 install: $(STAMP)
@@ -46,8 +47,12 @@ test: install
 test-slow: install
 	WANDB_MODE=offline $(PY) -m pytest -q -m slow
 
+# The scheduler tests (requeue, time limits, node loss on the real scheduler) on the local cluster.
+test-slurm: install slurm-up
+	WANDB_MODE=offline $(PY) -m pytest -q -m slurm
+
 test-all: install
-	WANDB_MODE=offline $(PY) -m pytest -q -m "not gpu and not network"
+	WANDB_MODE=offline $(PY) -m pytest -q -m "not gpu and not network and not slurm"
 
 # Refresh the lock: a fresh resolution of torch==2.13.0 + constraints.txt + .[dev] (nothing is installed),
 # then `make install` on a new venv installs exactly it. Commit requirements.lock with the change.
@@ -96,6 +101,18 @@ rehearse-nodes: install
 	WANDB_MODE=$${WANDB_MODE:-offline} $(PY) -m lmk.run.cluster --nodes $(NODES) --tasks-per-node 2 -- $(PY) -m lmk.train \
 	  experiment=table2-rehearsal launcher.nodes=$(NODES) pooling=cls ++row=cls overwrite=true \
 	  hydra.run.dir=$(OUT)/rehearsal-nodes/cls
+
+# A real two-node SLURM cluster with accounting on this machine (root, Debian; lmk/run/local_slurm.py). The
+# module is stdlib-only, so the system python runs it with the checkout on PYTHONPATH: no `make install` first.
+LOCAL_SLURM := PYTHONPATH=$(CURDIR) $(PYTHON) -m lmk.run.local_slurm
+slurm-up:
+	$(LOCAL_SLURM) up
+
+slurm-down:
+	$(LOCAL_SLURM) down
+
+slurm-status:
+	$(LOCAL_SLURM) status
 
 clean:
 	rm -rf $(OUT) multirun .pytest_cache
