@@ -7,16 +7,21 @@ function, its executor and parameters), the job ids are reported as soon as the 
 job's outcome is read on its own: a job without a result becomes a failed `JobReturn` whose error names the
 cause read from submitit's job state and the tasks' logs (`JobDied`).
 
-The submitted callable is `ResumableTask`: submitit calls its `checkpoint()` when the scheduler signals a
-preemption or time limit, and the requeued job resumes from `ckpt_path=last` instead of starting over.
-Other launchers (Hydra's basic one) are called as they are.
+The submitted callable is `ResumableTask`. Before Hydra writes anything into the job's folder (`.hydra/`, the
+log), the task takes the folder's run lock: a duplicate job refused by a live owner touches nothing. When the
+scheduler warns of a time limit or preemption, submitit calls its `checkpoint()` and requeues the same job:
+it resumes through `ckpt_path=auto` (`lmk.train.checkpoints`), as SLURM's own requeue of the batch script does.
+Jobs a previous sweep launched and the scheduler still holds are reattached (`reattach`): rebuilt from their
+submitit folder and id and waited for like the new ones. Other launchers (Hydra's basic one) are called as
+they are.
 """
 
 import logging
+import os
 import re
 import socket
 from pathlib import Path
-from typing import Any, Callable, List, Optional, Sequence  # noqa: UP035
+from typing import Any, Callable, Dict, List, Optional, Sequence  # noqa: UP035
 
 import submitit
 from hydra.core.singleton import Singleton
@@ -25,6 +30,8 @@ from hydra.plugins.launcher import Launcher
 from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import BaseSubmititLauncher
 from omegaconf import OmegaConf
+
+from lmk.run import lock as run_lock
 
 log = logging.getLogger(__name__)
 
@@ -44,21 +51,30 @@ class JobDied(RuntimeError):
 
 
 class ResumableTask:
-    """What submitit runs for a row: the Hydra launcher's job function; on preemption or time limit
-    submitit calls `checkpoint()` and requeues what it returns: the same job, resuming from `last`."""
+    """What submitit runs for a row: the Hydra launcher's job function, after taking the job folder's lock; on
+    a preemption or time limit submitit calls `checkpoint()` and requeues the same job, which resumes itself."""
 
-    def __init__(self, launcher: BaseSubmititLauncher, resume_override: Optional[str]) -> None:  # noqa: UP045
-        self.launcher, self.resume_override = launcher, resume_override
+    def __init__(self, launcher: BaseSubmititLauncher, job_dirs: Optional[Dict[int, str]] = None) -> None:  # noqa: UP006, UP045
+        self.launcher, self.job_dirs = launcher, dict(job_dirs or {})
 
     def __call__(self, sweep_overrides: List[str], *args: Any) -> JobReturn:  # noqa: UP006
-        return self.launcher(sweep_overrides, *args)
+        job_dir = self.job_dirs.get(args[1]) if len(args) > 1 else None  # args: job_dir_key, job_num, ...
+        if job_dir is None:
+            return self.launcher(sweep_overrides, *args)
+        try:  # before Hydra writes .hydra/ into the folder (lmk.train's own claim then finds it taken by itself)
+            held = run_lock.claim(job_dir, check_finished=False)
+        except run_lock.RunFolderBusy as err:
+            ret = JobReturn(overrides=list(sweep_overrides), status=JobStatus.FAILED)
+            ret._return_value = err
+            return ret
+        try:
+            return self.launcher(sweep_overrides, *args)
+        finally:
+            if held is not None:
+                run_lock.release(job_dir)
 
     def checkpoint(self, sweep_overrides: List[str], *args: Any) -> Any:  # noqa: UP006
-        overrides = list(sweep_overrides)
-        if self.resume_override:
-            key = self.resume_override.partition("=")[0]
-            overrides = [o for o in overrides if o.lstrip("+~").partition("=")[0] != key] + [self.resume_override]
-        return submitit.helpers.DelayedSubmission(self, overrides, *args)
+        return submitit.helpers.DelayedSubmission(self, list(sweep_overrides), *args)
 
 
 def _executor(launcher: BaseSubmititLauncher) -> Any:
@@ -71,6 +87,10 @@ def _executor(launcher: BaseSubmititLauncher) -> Any:
     base = set(OmegaConf.structured(BaseQueueConf).keys())
     executor.update_parameters(**{k if k in base else f"{launcher._EXECUTOR}_{k}": v for k, v in params.items()
                                   if k not in ("max_num_timeout", "submitit_folder")})
+    if launcher._EXECUTOR == "slurm":
+        # one task that dies (OOM, a lost node) ends the whole step at once, instead of leaving the other ranks
+        # in a collective until the DDP timeout (SLURM's default is KillOnBadExit=0)
+        executor.update_parameters(slurm_srun_args=["--kill-on-bad-exit=1"])
     return executor
 
 
@@ -124,24 +144,64 @@ def _outcome(job: Any, overrides: Sequence[str]) -> JobReturn:
         return ret
 
 
-def launch(launcher: Launcher, job_overrides: Sequence[Sequence[str]], initial_job_idx: int,
-           resume_override: Optional[str] = None,  # noqa: UP045
-           on_queued: Optional[Callable[[List[dict]], None]] = None) -> List[JobReturn]:  # noqa: UP006, UP045
-    """Launch `job_overrides` through `launcher`; one JobReturn per job, a failed one for a job that died.
-    `on_queued` gets [{"job_id", "scheduler", "host"}] per job once submitit queued them (not for the basic
-    launcher, whose jobs run in this process)."""
+def _reattached(launcher: BaseSubmititLauncher, record: Dict[str, Any]) -> Any:  # noqa: UP006
+    """The submitit job of a record (`job_id`, `scheduler`, `folder`, `tasks`) a previous sweep wrote."""
+    folder, tasks = record["folder"], tuple(range(int(record.get("tasks") or 1)))
+    if record.get("scheduler") == "slurm":
+        return submitit.SlurmJob(folder=folder, job_id=str(record["job_id"]), tasks=tasks)
+    return _LocalJobByPid(folder=folder, job_id=str(record["job_id"]), tasks=tasks)
+
+
+class _LocalJobByPid(submitit.LocalJob):
+    """A job of submitit's local executor launched by an earlier sweep: its job id is its controller's pid, which
+    a new process can only watch (submitit keeps the process handle in the launching process alone)."""
+
+    def done(self, force_check: bool = False) -> bool:  # noqa: ARG002
+        try:
+            os.kill(int(self.job_id), 0)
+        except ProcessLookupError:
+            return True
+        except (PermissionError, ValueError):
+            return False
+        return False
+
+
+def queued_record(launcher: BaseSubmititLauncher, job: Any) -> Dict[str, Any]:  # noqa: UP006
+    """What a later sweep needs to judge the job and to reattach to it."""
+    tasks = len(getattr(job, "_sub_jobs", None) or []) or 1
+    return {"job_id": str(job.job_id), "scheduler": launcher._EXECUTOR, "host": socket.gethostname(),
+            "folder": str(launcher.params["submitit_folder"]), "tasks": tasks}
+
+
+def is_submitit(launcher: Launcher) -> bool:
     # by name: Hydra loads plugin modules apart from sys.modules, so the launcher's class is not the one imported
-    if not any(c.__name__ == BaseSubmititLauncher.__name__ for c in type(launcher).__mro__):
-        return list(launcher.launch(job_overrides, initial_job_idx))
+    return any(c.__name__ == BaseSubmititLauncher.__name__ for c in type(launcher).__mro__)
+
+
+def launch(launcher: Launcher, job_overrides: Sequence[Sequence[str]], initial_job_idx: int,
+           on_queued: Optional[Callable[[List[dict]], None]] = None,  # noqa: UP006, UP045
+           job_dirs: Optional[Sequence[str]] = None,  # noqa: UP045
+           reattach: Sequence[Dict[str, Any]] = ()) -> List[JobReturn]:  # noqa: UP006
+    """Launch `job_overrides` through `launcher` and wait for them and for the jobs of `reattach` (records of
+    jobs an earlier sweep launched, with their overrides under "overrides"); one JobReturn per job, launched
+    ones first, a failed one for a job that died. `on_queued` gets `queued_record`s once submitit queued the
+    new jobs (not for the basic launcher, whose jobs run in this process and cannot be reattached)."""
+    if not is_submitit(launcher):
+        assert not reattach, "only submitit's jobs outlive the sweep that launched them"
+        return list(launcher.launch(job_overrides, initial_job_idx)) if job_overrides else []
     assert launcher.config is not None
-    executor = _executor(launcher)
-    Path(str(launcher.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
-    params = []
-    for idx, overrides in enumerate(job_overrides, start=initial_job_idx):
-        log.info("\t#%d : %s", idx, " ".join(filter_overrides(overrides)))
-        params.append((list(overrides), "hydra.sweep.dir", idx, f"job_id_for_{idx}", Singleton.get_state()))
-    jobs = executor.map_array(ResumableTask(launcher, resume_override), *zip(*params, strict=True))
-    if on_queued is not None:
-        on_queued([{"job_id": str(j.job_id), "scheduler": launcher._EXECUTOR, "host": socket.gethostname()}
-                   for j in jobs])
-    return [_outcome(job, overrides) for job, overrides in zip(jobs, job_overrides, strict=True)]
+    jobs: list[Any] = []
+    if job_overrides:
+        executor = _executor(launcher)
+        Path(str(launcher.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
+        params = []
+        for idx, overrides in enumerate(job_overrides, start=initial_job_idx):
+            log.info("\t#%d : %s", idx, " ".join(filter_overrides(overrides)))
+            params.append((list(overrides), "hydra.sweep.dir", idx, f"job_id_for_{idx}", Singleton.get_state()))
+        dirs = {idx: d for idx, d in enumerate(job_dirs or [], start=initial_job_idx)}
+        jobs = executor.map_array(ResumableTask(launcher, dirs), *zip(*params, strict=True))
+        if on_queued is not None:
+            on_queued([queued_record(launcher, j) for j in jobs])
+    old = [_reattached(launcher, r) for r in reattach]
+    every = [*zip(jobs, job_overrides, strict=True), *zip(old, [r["overrides"] for r in reattach], strict=True)]
+    return [_outcome(job, overrides) for job, overrides in every]

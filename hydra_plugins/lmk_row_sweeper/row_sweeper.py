@@ -3,12 +3,11 @@
 The basic sweeper only builds cartesian products; a paper table is a list of heterogeneous rows
 (`pooling=cls`, `pooling=lmk-fixed pooling.chunk_size=64`, ...). This sweeper launches one job per
 row through whatever launcher is configured (local, submitit/SLURM), so the same sweep runs on a
-laptop and on a cluster. It also makes the sweep resumable: a row whose job folder already holds a
-completed `results.json` with the same config hash is skipped (`force=true` reruns everything), an
-interrupted one with a checkpoint and the same hash resumes from it (`ckpt_path=last`), and a failed job,
-one killed without a Python exception too (`launching.py`), is recorded while the other rows go on. A row
-whose folder a live run holds (`run.lock`, judged from any host with the sweep's record of the jobs it
-launched, `sweep_status.json`) is not launched, and that run's files are left alone.
+laptop and on a cluster. What it does with each row (skip a finished one, reattach to a job an earlier sweep
+launched, leave a folder another run holds, not retry a NaN, launch) is decided by `lmk.sweep.rows`; this
+plugin gathers the facts and adapts the answer to Hydra's launcher. A failed job, one killed without a Python
+exception too (`launching.py`), is recorded while the other rows go on. The sweep's record of its jobs
+(`sweep_status.json`: job ids, scheduler, submitit folder) lets a restarted sweep find them again.
 """
 # No `from __future__ import annotations` here: Hydra imports plugin modules outside sys.modules and
 # dataclasses then cannot resolve string annotations.
@@ -17,12 +16,12 @@ import difflib
 import json
 import logging
 import shlex
-import socket
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional  # noqa: UP035 (OmegaConf needs typing generics)
+from typing import Any, Dict, Iterator, List, Optional  # noqa: UP035 (OmegaConf needs typing generics)
 
 from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
@@ -34,14 +33,16 @@ from hydra.types import HydraContext, TaskFunction
 from hydra.utils import get_method
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-from hydra_plugins.lmk_row_sweeper.launching import launch
+from hydra_plugins.lmk_row_sweeper.launching import is_submitit, launch
 from lmk.config import ConfigError, effective_batch
 from lmk.run import faults
 from lmk.run import lock as run_lock
+from lmk.run.checkpoint_dir import candidates, move_aside
 from lmk.run.cli import error_line
 from lmk.run.console import verbose
 from lmk.run.files import write_json
-from lmk.run.results import STATUS_DONE, config_hash_of, read_results, update_results
+from lmk.run.results import config_hash_of, read_results, update_results
+from lmk.sweep import rows as row_rules
 from lmk.sweep.jobs import job_id, job_overrides
 from lmk.sweep.report import print_line, quiet_launcher, result_line, start_line
 
@@ -67,6 +68,8 @@ class RowSweeperConf:
     report: Optional[str] = "lmk.sweep.cost.job_report"  # noqa: UP045
     # Run every row once per seed (`seed=<k>`) into <row>/seed<k>; None: once, into <row>.
     seeds: Optional[List[int]] = None  # noqa: UP006, UP045
+    # Launch rows the non-finite guard stopped under the same config again (they replay the same batches).
+    retry_nonfinite: bool = False
 
 
 ConfigStore.instance().store(group="hydra/sweeper", name="rows", node=RowSweeperConf, provider="lmk")
@@ -125,8 +128,7 @@ def _row_error(row: str, row_overrides: list[str], exc: Exception, config: Any) 
     return ConfigError(f"row {row!r} ({' '.join(row_overrides)}): {reason}")
 
 
-STATUS_FILE = "sweep_status.json"
-RESUME = "ckpt_path=last"  # a row with a checkpoint and the same config hash resumes from it
+STATUS_FILE = row_rules.STATUS_FILE
 
 
 def _read_status(sweep_dir: Path) -> Dict[str, Any]:  # noqa: UP006
@@ -137,30 +139,19 @@ def _read_status(sweep_dir: Path) -> Dict[str, Any]:  # noqa: UP006
         return {}
 
 
-def _ended_jobs(entry: Dict[str, Any]) -> List[str]:  # noqa: UP006
-    """The ids of a row's jobs that a sweep saw end (its record is carried from sweep to sweep)."""
-    ended = list(entry.get("ended_jobs") or [])
-    if entry.get("job_id") and entry.get("status") in ("completed", "failed"):
-        ended.append(str(entry["job_id"]))
-    return sorted(set(ended))
-
-
-def lock_verdict(job_dir: Path, previous: Dict[str, Any]) -> Any:  # noqa: UP006
-    """(verdict, owner) of a row folder's run.lock: "free" (none), "alive", "dead" or "unknown". What
-    `lmk.run.lock.judge` cannot tell from here is judged from the sweep's record: a job it saw end is dead;
-    a job it queued on submitit's local executor on this host lives as long as its controller process."""
-    owner = run_lock.read_owner(job_dir)
-    if not owner:
-        return "free", owner  # none, or half-written: the job's own claim judges that one
-    verdict = run_lock.judge(owner)
-    job = str(owner.get("job_id") or "")
-    if verdict == "unknown" and job:
-        if job in _ended_jobs(previous):
-            verdict = "dead"
-        elif previous.get("job_id") == job and previous.get("scheduler") == "local" \
-                and previous.get("host") == socket.gethostname() and job.isdigit():
-            verdict = run_lock.judge({"host": socket.gethostname(), "pid": int(job)})  # the job's controller
-    return verdict, owner
+def _check_launcher(job_cfg: DictConfig, job: str) -> None:
+    """One key for processes per node: hydra.launcher.tasks_per_node must follow launcher.tasks_per_node (set
+    apart, every job fails in Lightning with "devices=2 ... --ntasks-per-node=1 does not match")."""
+    hydra_launcher = job_cfg.get("hydra", {}).get("launcher")
+    if hydra_launcher is None or "tasks_per_node" not in hydra_launcher or "launcher" not in job_cfg:
+        return
+    try:
+        mine, theirs = job_cfg.launcher.get("tasks_per_node"), hydra_launcher.get("tasks_per_node")
+    except Exception:  # noqa: BLE001 - a value that resolves only inside the job: the job checks itself
+        return
+    if mine is not None and theirs != mine:
+        raise ConfigError(f"row {job!r}: hydra.launcher.tasks_per_node={theirs} but launcher.tasks_per_node={mine}; "
+                          "set launcher.tasks_per_node alone (the launcher config reads it)")
 
 
 class RowSweeper(Sweeper):
@@ -174,8 +165,10 @@ class RowSweeper(Sweeper):
         validate: str | None = None,
         report: str | None = None,
         seeds: list[int] | None = None,
+        retry_nonfinite: bool = False,
     ) -> None:
         super().__init__()
+        self.retry_nonfinite = retry_nonfinite
         self.rows = load_rows(dict(rows or {}), rows_file)
         self.force, self.dry_run, self.max_batch_size = force, dry_run, max_batch_size
         self.validate, self.report = validate, report
@@ -219,48 +212,31 @@ class RowSweeper(Sweeper):
                 digest = config_hash_of(job_cfg)
                 if check is not None:
                     self._check_job(check, job_cfg, sweep_dir / job, job, row_overrides)
+                _check_launcher(job_cfg, job)
                 job_report = self._report_job(report, job_cfg, sweep_dir / job) if report is not None else None
                 job_dir = sweep_dir / job
                 previous = read_results(job_dir)
-                done = (
-                    not self.force
-                    and previous.get("status") == STATUS_DONE
-                    and previous.get("config_hash") == digest
-                )
+                state = row_rules.gather(job, job_dir, digest, previous, record.get(job) or {},
+                                         bool(candidates(job_dir)))
+                decision = row_rules.decide(state, self.force, self.retry_nonfinite)
                 if previous and previous.get("config_hash") not in (None, digest) and not self.force:
                     log.info("row %s: config changed since the last run (%s -> %s), recomputing",
                              job, previous.get("config_hash"), digest)
-                if not done and previous.get("status") == STATUS_DONE and "overwrite" in job_cfg:
+                if decision.overwrite and "overwrite" in job_cfg:
                     overrides.append("overwrite=true")  # rerunning a finished folder is this sweep's decision
-                resumable = "ckpt_path" in job_cfg
-                if not done and not self.force and resumable and previous.get("config_hash") == digest \
-                        and (job_dir / "checkpoints" / "last.ckpt").is_file():
-                    overrides.append(RESUME)  # an interrupted row goes on from its last checkpoint
+                if state.lock == "dead" and not self.dry_run and run_lock.remove_stale(job_dir, state.lock_owner):
+                    log.warning("row %s: removed the stale lock of pid %s on %s (job %s is over)", job,
+                                state.lock_owner.get("pid"), state.lock_owner.get("host"),
+                                state.lock_owner.get("job_id"))
                 entry = {"row": row, "job": job, "seed": seed, "overrides": overrides, "job_dir": str(job_dir),
-                         "config_hash": digest, "skip": done, "effective_batch": _effective_batch(job_cfg),
-                         "resumable": resumable, "ended_jobs": _ended_jobs(record.get(job) or {})}
-                if not done:
-                    entry["busy"] = self._busy(job_dir, record.get(job) or {}, clear=not self.dry_run)
+                         "config_hash": digest, "action": decision.action, "why": decision.why,
+                         "skip": decision.action == "skip", "start_over": decision.start_over,
+                         "effective_batch": _effective_batch(job_cfg),
+                         "record": dict(record.get(job) or {}), "ended_jobs": row_rules.ended_jobs(record.get(job) or {})}
                 if job_report is not None:
                     entry["report"] = job_report
                 jobs.append(entry)
         return jobs
-
-    @staticmethod
-    def _busy(job_dir: Path, previous: Dict[str, Any], clear: bool) -> Optional[str]:  # noqa: UP006, UP045
-        """Why the row must not launch now (its folder's lock belongs to a live or unjudgeable run), else None;
-        a lock of a run known to be over is removed (`clear`; not in a dry run)."""
-        verdict, owner = lock_verdict(job_dir, previous)
-        if verdict == "dead":
-            if clear and run_lock.remove_stale(job_dir, owner):
-                log.warning("row %s: removed the stale lock of pid %s on %s (job %s is over)", job_dir.name,
-                            owner.get("pid"), owner.get("host"), owner.get("job_id"))
-            return None
-        if verdict in ("alive", "unknown"):
-            return (f"running elsewhere: pid {owner.get('pid')} on {owner.get('host')} (job {owner.get('job_id')}) "
-                    f"holds {job_dir / run_lock.LOCK_FILE}" + ("" if verdict == "alive" else
-                    "; it cannot be checked from here: delete the lock if that job is gone"))
-        return None
 
     def _check_job(self, check: Any, job_cfg: DictConfig, job_dir: Path, row: str, row_overrides: list[str]) -> None:
         """Run `check` on the job's config as the job would see it (Hydra runtime set to its folder)."""
@@ -306,15 +282,35 @@ class RowSweeper(Sweeper):
         plan = {"sweep_dir": str(sweep_dir), "launcher": launcher_cfg, "jobs": jobs,
                 "command": [shlex.join([*program, *j["overrides"]]) for j in jobs]}
         write_json(sweep_dir / "jobs.json", plan)
-        pending = [j for j in jobs if not j["skip"]]
-        # The plan in full (effective batch, memory estimate, every override) for a dry run or LMK_VERBOSE=1;
-        # otherwise jobs.json holds it and the console gets one start and one result line per row.
+        self._print_plan(jobs)
+        if self.dry_run:
+            log.info("dry run: %d jobs planned, %d to launch; plan in %s", len(jobs),
+                     sum(j["action"] == "launch" for j in jobs), sweep_dir / "jobs.json")
+            return []
+        status = self._settled(jobs)
+        pending = [j for j in jobs if j["action"] == "launch"]
+        waiting = [j for j in jobs if j["action"] == "reattach"]
+        if waiting and not is_submitit(self.launcher):
+            raise ConfigError(f"rows {', '.join(j['job'] for j in waiting)} are still running as jobs of an earlier "
+                              "sweep with a submitit launcher: run this sweep with that launcher (or wait for them)")
+        for j in (j for j in pending if j["start_over"]):
+            move_aside(j["job_dir"], "the sweep was forced (--force): the row starts over")
+        returns = self._run_batches(sweep_dir, pending, waiting, status, program)
+        write_json(sweep_dir / STATUS_FILE, status)
+        failed = [r for r, s in status.items() if s["status"] in ("failed", "busy", "not_retried")]
+        print_line(f"sweep finished: {len(pending)} run, {len(waiting)} waited for, "
+                   f"{len(jobs) - len(pending) - len(waiting)} not launched, {len(failed)} failed"
+                   + (f" ({', '.join(failed)})" if failed else ""))
+        return returns
+
+    def _print_plan(self, jobs: List[Dict[str, Any]]) -> None:  # noqa: UP006
+        """One line per row not launched; the plan in full (effective batch, memory estimate, every override)
+        for a dry run or LMK_VERBOSE=1 (otherwise jobs.json holds it)."""
         plan_log = log.info if self.dry_run or verbose() else log.debug
         for j in jobs:
-            if j["skip"]:
-                print_line(f"row {j['job']}: skip (done, same config) -> {j['job_dir']}")
-            plan_log("row %-16s %s  %s", j["job"], "skip (done, same config)" if j["skip"] else "run ",
-                     " ".join(j["overrides"]))
+            if j["action"] in ("skip", "not_retried", "reattach"):
+                print_line(f"row {j['job']}: {j['action'].replace('_', ' ')} ({j['why']}) -> {j['job_dir']}")
+            plan_log("row %-16s %s  %s", j["job"], j["action"], " ".join(j["overrides"]))
             batch = j["effective_batch"]
             if batch and batch["queries"] is None:
                 plan_log("row %-16s effective batch %s per device x the devices found at launch (trainer.devices "
@@ -325,56 +321,81 @@ class RowSweeper(Sweeper):
                          batch["nodes"], batch["accumulation"])
             if j.get("report") and j["report"].get("summary"):
                 plan_log("row %-16s %s", j["job"], j["report"]["summary"])
-        if self.dry_run:
-            log.info("dry run: %d jobs planned, %d to launch; plan in %s", len(jobs), len(pending),
-                     sweep_dir / "jobs.json")
-            return []
 
+    @staticmethod
+    def _settled(jobs: List[Dict[str, Any]]) -> Dict[str, Any]:  # noqa: UP006
+        """The status of the rows this sweep does not launch (skipped, busy, not retried, being waited for)."""
+        status: dict[str, Any] = {}
+        for j in jobs:
+            base = {"job_dir": j["job_dir"], "ended_jobs": j["ended_jobs"]}
+            if j["action"] == "skip":
+                status[j["job"]] = {**base, "status": "skipped"}
+            elif j["action"] == "busy":  # another run owns the folder: leave its results.json alone
+                log.warning("row %s not launched: %s", j["job"], j["why"])
+                status[j["job"]] = {**base, "status": "busy", "error": j["why"]}
+            elif j["action"] == "not_retried":
+                status[j["job"]] = {**base, "status": "not_retried", "error": j["why"]}
+            elif j["action"] == "reattach":
+                status[j["job"]] = {**j["record"], **base, "status": "reattached"}
+        return status
+
+    def _run_batches(self, sweep_dir: Path, pending: List[Dict[str, Any]], waiting: List[Dict[str, Any]],  # noqa: UP006
+                     status: Dict[str, Any], program: List[str]) -> List[JobReturn]:  # noqa: UP006
+        """Launch `pending` in batches (the first batch also waits for the reattached jobs of `waiting`)."""
         batch_size = self.max_batch_size or max(len(pending), 1)
         returns: list[JobReturn] = []
-        status: dict[str, Any] = {j["job"]: {"status": "skipped", "job_dir": j["job_dir"],
-                                             "ended_jobs": j["ended_jobs"]} for j in jobs if j["skip"]}
-        for j in (j for j in jobs if j.get("busy")):
-            # another run owns the folder: leave its results.json alone, launch nothing
-            log.warning("row %s not launched: %s", j["job"], j["busy"])
-            status[j["job"]] = {"status": "busy", "job_dir": j["job_dir"], "error": j["busy"],
-                                "ended_jobs": j["ended_jobs"]}
-        pending = [j for j in pending if not j.get("busy")]
-        resume = RESUME if any(j["resumable"] for j in pending) else None
         started = time.perf_counter()
-        for first in range(0, len(pending), batch_size):
-            batch = pending[first:first + batch_size]
-            done_n = first
-            if done_n:
-                eta = (time.perf_counter() - started) / done_n * (len(pending) - done_n)
-                eta_txt = f", ETA {eta / 60:.1f} min"
-            else:
-                eta_txt = ""
+        for first in range(0, max(len(pending), 1), batch_size):
+            batch, old = pending[first:first + batch_size], waiting if first == 0 else []
+            if not batch and not old:
+                break
+            eta = (time.perf_counter() - started) / first * (len(pending) - first) if first else None
             for i, job in enumerate(batch, first + 1):
-                print_line(start_line(job, self.rows[job["row"]], i, len(pending), program, eta_txt))
+                print_line(start_line(job, self.rows[job["row"]], i, len(pending), program,
+                                      f", ETA {eta / 60:.1f} min" if eta else ""))
             tic, since = time.perf_counter(), time.time()
 
             def queued(infos: list[dict], batch: list[dict] = batch) -> None:
-                for job, info in zip(batch, infos):  # the record a later sweep judges this job's lock by
+                for job, info in zip(batch, infos):  # what a later sweep judges and reattaches this job by
                     status[job["job"]] = {"status": "launched", "job_dir": job["job_dir"], **info,
                                           "ended_jobs": job["ended_jobs"]}
                 write_json(sweep_dir / STATUS_FILE, status)
 
-            with quiet_launcher():
-                results = launch(self.launcher, [j["overrides"] for j in batch], first, resume, queued)
-            for job, ret in zip(batch, results):
+            with quiet_launcher(), self._held(batch, status) as runnable:
+                results = launch(self.launcher, [j["overrides"] for j in runnable], first, queued,
+                                 [j["job_dir"] for j in runnable],
+                                 [{**j["record"], "overrides": j["overrides"]} for j in old])
+            for job, ret in zip([*runnable, *old], results, strict=True):
                 entry = {**status.get(job["job"], {"ended_jobs": job["ended_jobs"]}),
                          **self._outcome(job, ret, since), "job_dir": job["job_dir"],
-                         "seconds": round((time.perf_counter() - tic) / len(batch), 1)}
+                         "seconds": round((time.perf_counter() - tic) / max(len(runnable) + len(old), 1), 1)}
                 print_line(result_line(job, entry["seconds"], entry.get("error")))
                 status[job["job"]] = entry
             write_json(sweep_dir / STATUS_FILE, status)
             returns.extend(results)
-        write_json(sweep_dir / STATUS_FILE, status)
-        failed = [r for r, s in status.items() if s["status"] in ("failed", "busy")]
-        print_line(f"sweep finished: {len(pending)} run, {len(jobs) - len(pending)} skipped, {len(failed)} failed"
-                   + (f" ({', '.join(failed)})" if failed else ""))
         return returns
+
+    @contextmanager
+    def _held(self, batch: List[Dict[str, Any]], status: Dict[str, Any]) -> Iterator[List[Dict[str, Any]]]:  # noqa: UP006
+        """Jobs that run in this process (Hydra's basic launcher): each folder's lock is taken here, before Hydra
+        writes .hydra/ into it; a folder another live run took meanwhile is busy. submitit's jobs take their
+        own (`launching.ResumableTask`)."""
+        if is_submitit(self.launcher):
+            yield batch
+            return
+        held = []
+        for job in batch:
+            try:
+                run_lock.claim(job["job_dir"], check_finished=False)
+                held.append(job)
+            except run_lock.RunFolderBusy as err:
+                status[job["job"]] = {"status": "busy", "job_dir": job["job_dir"], "error": error_line(err),
+                                      "ended_jobs": job["ended_jobs"]}
+        try:
+            yield held
+        finally:
+            for job in held:
+                run_lock.release(job["job_dir"])
 
     @staticmethod
     def _outcome(job: Dict[str, Any], ret: JobReturn, since: float) -> Dict[str, Any]:  # noqa: UP006

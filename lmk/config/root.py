@@ -159,9 +159,13 @@ class LauncherSection:
     # Memory of one GPU: the dry run compares each job's memory estimate (lmk.sweep.cost) with it; null = no check.
     gpu_memory_gb: float | None = None
     tasks_per_node: int | None = None  # processes per node (submitit); None = gpus_per_node
+    max_requeues: int = 3  # SLURM: time limits a job is requeued after (hydra.launcher.max_num_timeout)
+    signal_delay_s: int = 120  # SLURM: the warning signal before the time limit (a checkpoint is saved then)
 
     def __post_init__(self) -> None:
         at_least("launcher.nodes", self.nodes, 1)
+        at_least("launcher.max_requeues", self.max_requeues, 0)
+        at_least("launcher.signal_delay_s", self.signal_delay_s, 1)
         if self.gpu_memory_gb is not None:
             positive("launcher.gpu_memory_gb", self.gpu_memory_gb)
         at_least("launcher.gpus_per_node", self.gpus_per_node, 0)
@@ -290,10 +294,24 @@ def effective_batch(cfg: Any) -> dict[str, Any]:
             "accumulation": accumulation}
 
 
+def _check_ranks(launcher: LauncherSection, trainer: TrainerSection) -> None:
+    """Under a submitit launcher the launcher starts the ranks: Lightning's devices x num_nodes must be its
+    tasks per node x nodes (else every job fails at start in Lightning)."""
+    if not launcher.name.startswith("submitit") or not isinstance(trainer.devices, int) or isinstance(
+            trainer.devices, bool):
+        return
+    tasks = launcher.tasks_per_node if launcher.tasks_per_node is not None else launcher.gpus_per_node
+    if (trainer.devices, trainer.num_nodes) != (tasks, launcher.nodes):
+        raise ConfigError(f"trainer.devices={trainer.devices} x trainer.num_nodes={trainer.num_nodes} do not match "
+                          f"the launcher's launcher.tasks_per_node={tasks} x launcher.nodes={launcher.nodes}; set "
+                          "launcher.tasks_per_node / launcher.nodes only (the trainer configs read them)")
+
+
 def _cross_checks(root: RootConfig) -> None:
     if root.ckpt_path is not None and not isinstance(root.ckpt_path, str):
         raise ConfigError(f"ckpt_path={root.ckpt_path!r} is not valid; allowed values: auto, null, a file path")
     t = root.trainer
+    _check_ranks(root.launcher, t)
     if root.data.streaming and t.max_steps == -1:
         # A stream repeats forever: an epoch never ends, and the lr schedule (sized by max_steps) would sit at 0.
         raise ConfigError("data.streaming=true with trainer.max_steps=-1: a stream has no length, so max_epochs "

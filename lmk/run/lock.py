@@ -269,16 +269,19 @@ def _record_refusal(run_dir: str | os.PathLike, message: str) -> None:
                                                  "t": time.time()})
 
 
-def claim(run_dir: str | os.PathLike, ckpt_path: Any = None, overwrite: bool = False) -> Path | None:
-    """Lock `run_dir` for this run (global rank 0), refusing a finished folder; the lock path. Other ranks
-    take no lock: they follow rank 0's verdict (`follow_rank_zero`) and get None."""
+def claim(run_dir: str | os.PathLike, ckpt_path: Any = None, overwrite: bool = False,
+          check_finished: bool = True) -> Path | None:
+    """Lock `run_dir` for this run (global rank 0), refusing a finished folder (`check_reuse`, unless not
+    `check_finished`); the lock path. Other ranks take no lock: they follow rank 0's verdict
+    (`follow_rank_zero`) and get None."""
     if not is_global_rank_zero():
         follow_rank_zero(run_dir)
         return None
     try:
         path = acquire(run_dir)
         try:
-            check_reuse(run_dir, ckpt_path, overwrite)
+            if check_finished:
+                check_reuse(run_dir, ckpt_path, overwrite)
         except RunFolderBusy:
             release(run_dir)
             raise

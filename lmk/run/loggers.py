@@ -44,7 +44,10 @@ FILE_ONLY_LOGGERS = ("mteb", "bm25s", "sentence_transformers", "datasets", "http
 # Lightning's advertising for its paid services: dropped everywhere (not an event of the run).
 ADVERT_MARKERS = ("litlogger", "litmodels")
 # Library-internal deprecations a user cannot act on (Lightning calling a deprecated torch API).
-IGNORED_WARNINGS = (r".*isinstance\(treespec, LeafSpec\)` is deprecated",)
+IGNORED_WARNINGS = (r".*isinstance\(treespec, LeafSpec\)` is deprecated",
+                    # a run on a login node (or any host with SLURM's client tools) that is not a SLURM job:
+                    # Lightning's advice to prepend srun is wrong there
+                    r"The `srun` command is available on your system but is not used")
 
 
 class _NoAdverts(logging.Filter):

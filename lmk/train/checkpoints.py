@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,15 +23,15 @@ from typing import Any
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
+from lmk.config import CKPT_AUTO, CKPT_FRESH
+from lmk.run.checkpoint_dir import SUPERSEDED_DIR, TMP_MARK, candidates, clear_partial_saves, move_aside
+
+__all__ = ["SUPERSEDED_DIR", "AtomicCheckpointIO", "CheckpointInfo", "ResumePoint", "candidates",
+           "clear_partial_saves", "move_aside", "newest_valid", "read_info", "resume_point"]
+
 log = logging.getLogger(__name__)
 
-CHECKPOINT_DIR = "checkpoints"
-SUPERSEDED_DIR = "checkpoints.superseded"
 RUN_KEY = "lmk_run"  # top-level checkpoint entry: {"config_hash", "global_step"} of the run that wrote it
-TMP_MARK = ".tmp-"
-# ckpt_path values that apply the resume rule (`last`: the older spelling of the same request)
-AUTO = ("auto", "last")
-FRESH = (None, "", "null", "none")
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -105,14 +103,6 @@ class ResumePoint:
         return head + (f" (passed over: {passed})" if passed else "") + tail
 
 
-def candidates(run_dir: str | os.PathLike) -> list[Path]:
-    """The run folder's checkpoint files (temporary files of an interrupted save excluded)."""
-    folder = Path(run_dir) / CHECKPOINT_DIR
-    if not folder.is_dir():
-        return []
-    return [p for p in folder.glob("*.ckpt") if p.is_file()]
-
-
 def newest_valid(run_dir: str | os.PathLike, config_hash: str) -> ResumePoint:
     """The newest checkpoint (by the step it records) that loads and was written under `config_hash`."""
     found: list[CheckpointInfo] = []
@@ -131,33 +121,6 @@ def newest_valid(run_dir: str | os.PathLike, config_hash: str) -> ResumePoint:
     return ResumePoint(best.path, best.global_step, skipped=skipped)
 
 
-def move_aside(run_dir: str | os.PathLike, why: str) -> Path | None:
-    """Move the run's checkpoints out of the way of a fresh start (kept, never deleted); where they went."""
-    run_dir = Path(run_dir)
-    folder = run_dir / CHECKPOINT_DIR
-    if not folder.is_dir() or not any(folder.iterdir()):
-        return None
-    dest = run_dir / SUPERSEDED_DIR / time.strftime("%Y%m%d-%H%M%S")
-    n = 0
-    while dest.exists():
-        n += 1
-        dest = dest.with_name(f"{dest.name.split('.')[0]}.{n}")
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    shutil.move(str(folder), str(dest))
-    (dest / "WHY").write_text(why + "\n")
-    log.warning("moved the old checkpoints of %s to %s (%s)", run_dir, dest, why)
-    return dest
-
-
-def clear_partial_saves(run_dir: str | os.PathLike) -> list[Path]:
-    """Remove the temporary files of saves that a kill interrupted (the checkpoints beside them are whole)."""
-    folder = Path(run_dir) / CHECKPOINT_DIR
-    stale = [p for p in folder.glob(f"*{TMP_MARK}*") if p.is_file()] if folder.is_dir() else []
-    for path in stale:
-        path.unlink(missing_ok=True)
-    return stale
-
-
 def resume_point(ckpt_path: str | None, run_dir: str | os.PathLike, config_hash: str,
                  start_over: bool = False) -> ResumePoint:
     """The rule every job start applies (see the module docstring).
@@ -168,13 +131,13 @@ def resume_point(ckpt_path: str | None, run_dir: str | os.PathLike, config_hash:
     """
     run_dir = Path(run_dir)
     clear_partial_saves(run_dir)
-    if ckpt_path not in (*AUTO, *FRESH):
+    if ckpt_path not in (*CKPT_AUTO, *CKPT_FRESH):
         info, why = read_info(ckpt_path)
         if info is None:
             raise FileNotFoundError(f"ckpt_path={ckpt_path!r} {why or 'does not exist'}; use auto (resume this "
                                     "run folder's newest valid checkpoint), null (start fresh) or a .ckpt that loads")
         return ResumePoint(Path(ckpt_path), info.global_step)
-    if ckpt_path in AUTO and not start_over:
+    if ckpt_path in CKPT_AUTO and not start_over:
         point = newest_valid(run_dir, config_hash)
         if point.path is not None:
             return point
