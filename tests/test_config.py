@@ -30,10 +30,23 @@ def test_every_experiment_composes_and_validates(experiment):
     validate(_compose(f"experiment={experiment}", "++row=test-row"))
 
 
+# A launcher that starts the ranks itself needs a trainer of as many devices: the option with the trainer it runs.
+PAIRED = {("launcher", "submitit_slurm"): ["trainer=ddp-multinode"]}
+
+
 @pytest.mark.parametrize("group", ["trainer", "logger", "launcher", "pooling", "encoder"])
 def test_every_group_option_validates(group):
     for option in sorted(p.stem for p in (Path(CONF) / group).glob("*.yaml")):
-        validate(_compose(f"{group}={option}"))
+        validate(_compose(f"{group}={option}", *PAIRED.get((group, option), [])))
+
+
+def test_the_ranks_a_launcher_starts_must_be_the_trainers_devices():
+    """One key for processes per node: launcher.tasks_per_node (hydra.launcher and the trainer read it)."""
+    with pytest.raises(ConfigError, match=r"trainer.devices=1 x trainer.num_nodes=1 do not match.*tasks_per_node=8"):
+        validate(_compose("launcher=submitit_slurm"))  # 8 tasks per node, each a one-device trainer
+    typed = validate(_compose("launcher=submitit_slurm", "trainer=ddp-multinode", "launcher.tasks_per_node=4",
+                              "launcher.nodes=5"))
+    assert (typed.trainer.devices, typed.trainer.num_nodes) == (4, 5)
 
 
 def test_chunk_size_is_one_key():
@@ -133,7 +146,7 @@ def test_half_precision_weights_are_refused_for_training():
 def test_in_training_eval_under_ddp_is_refused_naming_the_eval_stage():
     """Issue 20 item 8: rank 0 would run the suite while the other ranks wait at a 30-minute barrier."""
     multi = [("trainer=ddp", "eval=beir15"), ("trainer=ddp-multinode", "launcher=submitit_slurm", "eval=local"),
-             ("trainer=ddp-cpu", "eval=local", "launcher=submitit_local")]
+             ("trainer=ddp-cpu", "eval=local", "launcher=submitit_local", "launcher.tasks_per_node=2")]
     for overrides in multi:
         with pytest.raises(ConfigError, match=r"wait at a barrier.*eval.in_training=none.*--stage eval"):
             validate(_compose(*overrides))

@@ -80,7 +80,7 @@ def test_sigkilled_row_is_recorded_others_finish_and_the_rerun_resumes(tmp_path)
     status = json.loads((out / "sweep_status.json").read_text())
     assert status["other"]["status"] == "skipped" and status["victim"]["status"] == "completed"
     plan = {j["job"]: j for j in json.loads((out / "jobs.json").read_text())["jobs"]}
-    assert "ckpt_path=last" in plan["victim"]["overrides"]
+    assert plan["victim"]["action"] == "launch" and plan["victim"]["why"] == "resumes from its last checkpoint"
     victim = read_results(out / "victim")
     assert victim["status"] == "done" and victim["checkpoints"]["resumed_from"].endswith("last.ckpt")
     assert 0 < victim["timings"]["fit_steps"] < 200  # only the steps after the last checkpoint ran again
@@ -93,9 +93,10 @@ def _plan(out: Path) -> dict[str, dict]:
     return {j["job"]: j for j in json.loads((out / "jobs.json").read_text())["jobs"]}
 
 
-def test_sweeper_resumes_from_last_and_leaves_a_live_run_alone(tmp_path):
+def test_sweeper_plan_resumes_starts_over_and_leaves_a_live_run_alone(tmp_path):
     out = tmp_path / "sweep"
-    rows = {"resume": ["pooling=cls"], "changed": ["pooling=mean"], "live": ["pooling=cls"], "gone": ["pooling=mean"]}
+    rows = {"resume": ["pooling=cls"], "changed": ["pooling=mean"], "live": ["pooling=cls"], "gone": ["pooling=mean"],
+            "nan": ["pooling=cls"]}
     dry = ("hydra.sweeper.dry_run=true",)
     assert _row_sweep(out, rows, *dry).returncode == 0
     digest = {job: j["config_hash"] for job, j in _plan(out).items()}
@@ -104,28 +105,33 @@ def test_sweeper_resumes_from_last_and_leaves_a_live_run_alone(tmp_path):
         (out / job / "checkpoints" / "last.ckpt").write_bytes(b"")
         update_results(out / job, status="running", config_hash=digest[job])
     update_results(out / "changed", config_hash="older")  # a changed config starts over
+    update_results(out / "nan", status="failed", non_finite={"what": "loss", "step": 2})
     me = run_lock._owner_record()  # a live run (this test) owns "live"
     (out / "live" / run_lock.LOCK_FILE).write_text(json.dumps(me))
     # "gone": a job on another host that an earlier sweep of this folder saw end
-    gone = {"host": "node-gone", "pid": 4242, "job_id": "777", "scheduler": "slurm", "started": "then"}
+    gone = {"host": "node-gone", "pid": 4242, "job_id": "777", "scheduler": "slurm", "started": "then",
+            "user": "someone-else"}
     (out / "gone" / run_lock.LOCK_FILE).write_text(json.dumps(gone))
     (out / "sweep_status.json").write_text(json.dumps({"gone": {"status": "failed", "job_id": "777"}}))
 
     assert _row_sweep(out, rows, *dry).returncode == 0
     plan = _plan(out)
-    assert "ckpt_path=last" in plan["resume"]["overrides"] and not plan["resume"]["busy"]
-    assert "ckpt_path=last" not in plan["changed"]["overrides"]
-    assert "running elsewhere" in plan["live"]["busy"] and f"pid {os.getpid()}" in plan["live"]["busy"]
-    assert plan["gone"]["busy"] is None and plan["gone"]["ended_jobs"] == ["777"]
+    assert (plan["resume"]["action"], plan["resume"]["why"]) == ("launch", "resumes from its last checkpoint")
+    assert (plan["changed"]["action"], plan["changed"]["why"]) == ("launch", "changed config: starts over")
+    assert plan["live"]["action"] == "busy" and f"pid {os.getpid()}" in plan["live"]["why"]
+    assert plan["gone"]["action"] == "launch" and plan["gone"]["ended_jobs"] == ["777"]
+    assert plan["nan"]["action"] == "not_retried" and "non-finite guard (loss at step 2)" in plan["nan"]["why"]
+    assert not any("ckpt_path" in o for j in plan.values() for o in j["overrides"])  # every job start decides
     assert (out / "gone" / run_lock.LOCK_FILE).exists()  # a dry run removes nothing
 
 
 def test_sweep_record_judges_locks_this_host_cannot(tmp_path):
-    from hydra_plugins.lmk_row_sweeper.row_sweeper import lock_verdict
+    from lmk.sweep.rows import lock_verdict
 
-    owner = {"host": "node-gone", "pid": 4242, "job_id": "777", "scheduler": "slurm"}
+    # another user's SLURM job on another host: where the scheduler shows nothing of it, it cannot be judged
+    owner = {"host": "node-gone", "pid": 4242, "job_id": "777", "scheduler": "slurm", "user": "someone-else"}
     (tmp_path / run_lock.LOCK_FILE).write_text(json.dumps(owner))
-    assert lock_verdict(tmp_path, {})[0] == "unknown"  # no scheduler here, no record: honoured
+    assert lock_verdict(tmp_path, {})[0] == "unknown"  # no record either: honoured
     assert lock_verdict(tmp_path, {"status": "completed", "job_id": "777"})[0] == "dead"
     assert lock_verdict(tmp_path, {"status": "launched", "ended_jobs": ["777"]})[0] == "dead"
     # a job this sweep queued on submitit's local executor here lives as long as its controller process
@@ -230,10 +236,10 @@ def test_a_job_killed_without_a_python_exception_is_a_failed_return_with_its_cau
     assert ret.status.name == "FAILED" and isinstance(ret._return_value, JobDied)
     assert f"task 0 of job {job.job_id} ended without a result: killed by a signal" in str(ret._return_value)
 
-    # submitit's requeue (preemption, time limit) resubmits the same job resuming from its last checkpoint
-    task = ResumableTask(launcher=None, resume_override="ckpt_path=last")
-    again = task.checkpoint(["pooling=cls", "ckpt_path=null"], "hydra.sweep.dir", 3, "id", {})
-    assert again.args[0] == ["pooling=cls", "ckpt_path=last"] and again.args[1:] == ("hydra.sweep.dir", 3, "id", {})
+    # submitit's requeue (preemption, time limit) resubmits the same job: its start resumes (ckpt_path=auto)
+    task = ResumableTask(launcher=None, job_dirs={3: str(tmp_path / "r")})
+    again = task.checkpoint(["pooling=cls"], "hydra.sweep.dir", 3, "id", {})
+    assert again.function is task and again.args == (["pooling=cls"], "hydra.sweep.dir", 3, "id", {})
 
 
 def test_a_job_refused_by_a_live_runs_lock_leaves_that_runs_results_alone(tmp_path):
@@ -287,9 +293,11 @@ def test_fault_plan_under_ddp_kill_timeout_and_stale_lock_then_rerun_resumes(tmp
 def test_a_resumed_run_that_finishes_shows_no_error_but_keeps_its_interruptions(tmp_path):
     pairs = write_pairs(tmp_path / "pairs.jsonl")
     run = tmp_path / "run"
-    in_process(run, pairs, "trainer.max_steps=1", "train.checkpoint_every_n_steps=1")
+    (run / "checkpoints").mkdir(parents=True)
+    in_process(run, pairs, "trainer.max_steps=2", "train.checkpoint_every_n_steps=1")
     update_results(run, status="failed", error="JobDied: task 0 of job 7 ended without a result")  # the sweeper
-    in_process(run, pairs, "trainer.max_steps=2", "train.checkpoint_every_n_steps=1", "ckpt_path=last")
+    in_process(run, pairs, "trainer.max_steps=2", "train.checkpoint_every_n_steps=1")  # the same command again
     res = read_results(run)
     assert res["status"] == "done" and res["error"] is None and res["metrics"]["global_step"] == 2
     assert [i["error"] for i in res["interruptions"]] == ["JobDied: task 0 of job 7 ended without a result"]
+    assert res["interruptions"][0]["step"] == 2 and res["timings"]["fit_steps"] == 0

@@ -72,8 +72,12 @@ def decide(state: RowState, force: bool = False, retry_nonfinite: bool = False) 
                         "a rerun of the same config replays the same batches: change the config (e.g. a lower "
                         "train.lr) or pass --retry-nonfinite")
     resumes = not force and same and state.has_checkpoints
-    why = "changed config: started over" if status == STATUS_DONE and not same else (
-        "forced: started over" if force else "resumes from its last checkpoint" if resumes else "new")
+    if force:
+        why = "forced: starts over"
+    elif res and not same:
+        why = "changed config: starts over"
+    else:
+        why = "resumes from its last checkpoint" if resumes else "new" if not res else "starts over (no checkpoint)"
     return Decision("launch", why, overwrite=status == STATUS_DONE, start_over=force, resumes=resumes)
 
 

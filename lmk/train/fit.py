@@ -257,7 +257,7 @@ def _finish(run: _Run, fit_s: float, metrics: dict[str, float]) -> None:
         with run.timer.section("export"), quiet_progress_bars():
             export_sentence_transformers(run.model, run_dir / "export")
     timings: dict[str, Any] = dict(run.timer.timings)
-    steps = metrics["global_step"] - run.module.fit_start_step  # a resumed fit ran only the rest
+    steps = metrics["global_step"] - (run.point.step or 0)  # a resumed fit ran only the rest
     timings["fit_steps"] = steps
     timings["fit_steps_per_s"] = round(steps / fit_s, 4) if fit_s > 0 else None
     update_results(

@@ -1,0 +1,64 @@
+"""What the sweep does with each row (lmk.sweep.rows.decide), from the facts the row sweeper gathers."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+
+from lmk.sweep.rows import RowState, decide, recorded_job
+
+
+def state(**facts) -> RowState:
+    base = {"job": "r", "digest": "abc", "results": {}, "record": {}, "lock": "free", "lock_owner": None,
+            "recorded_job": "none", "recorded_state": None, "has_checkpoints": False}
+    return RowState(**{**base, **facts})
+
+
+def test_a_job_the_scheduler_still_holds_is_reattached_never_submitted_again():
+    pending = state(record={"status": "launched", "job_id": "41_0"}, recorded_job="alive", recorded_state="PENDING",
+                    lock="free", results={})  # a pending job has no lock yet: the old plan launched it again
+    d = decide(pending)
+    assert d.action == "reattach" and "job 41_0" in d.why and "PENDING" in d.why
+    assert decide(pending, force=True).action == "reattach"  # even a forced sweep never runs two jobs in one folder
+    running = state(record={"status": "launched", "job_id": "41_1"}, recorded_job="alive", lock="alive",
+                    results={"status": "running", "config_hash": "abc"})
+    assert decide(running).action == "reattach"
+
+
+@pytest.mark.parametrize("facts, action, why", [
+    ({"results": {"status": "done", "config_hash": "abc"}}, "skip", "done, same config"),
+    ({"results": {"status": "done", "config_hash": "old"}}, "launch", "changed config: starts over"),
+    ({"results": {"status": "interrupted", "config_hash": "abc"}, "has_checkpoints": True}, "launch",
+     "resumes from its last checkpoint"),
+    ({"results": {"status": "failed", "config_hash": "abc"}}, "launch", "starts over (no checkpoint)"),
+    ({}, "launch", "new"),
+    ({"lock": "alive", "lock_owner": {"pid": 7, "host": "h", "job_id": "9"}}, "busy", "pid 7 on h (job 9)"),
+    ({"lock": "unknown", "lock_owner": {"pid": 7, "host": "h"}}, "busy", "cannot be checked from here"),
+    ({"results": {"status": "failed", "config_hash": "abc", "non_finite": {"what": "loss", "step": 3}},
+      "has_checkpoints": True}, "not_retried", "a rerun of the same config replays the same batches"),
+])
+def test_each_rule(facts, action, why):
+    d = decide(state(**facts))
+    assert d.action == action and why in d.why
+
+
+def test_overwrite_force_and_retrying_a_nan():
+    done_old = decide(state(results={"status": "done", "config_hash": "old"}))
+    assert done_old.overwrite and not done_old.start_over
+    forced = decide(state(results={"status": "interrupted", "config_hash": "abc"}, has_checkpoints=True), force=True)
+    assert forced.action == "launch" and forced.start_over and not forced.resumes and forced.why == "forced: starts over"
+    nan = state(results={"status": "failed", "config_hash": "abc", "non_finite": {"what": "loss", "step": 1}})
+    assert decide(nan, retry_nonfinite=True).action == "launch"
+    # under another config the NaN row is simply a new run
+    assert decide(state(results={**nan.results, "config_hash": "new"})).action == "launch"
+
+
+def test_the_recorded_job_is_judged_by_its_scheduler():
+    assert recorded_job({}) == ("none", None)
+    assert recorded_job({"status": "completed", "job_id": "5"}) == ("none", None)  # seen to end
+    here = {"status": "launched", "scheduler": "local", "host": socket.gethostname()}
+    assert recorded_job({**here, "job_id": str(os.getpid())}) == ("alive", "RUNNING")  # its controller lives
+    assert recorded_job({**here, "job_id": "999999999"})[0] == "dead"
+    assert recorded_job({**here, "host": "elsewhere", "job_id": "5"})[0] == "unknown"
