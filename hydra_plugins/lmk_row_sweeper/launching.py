@@ -20,6 +20,7 @@ import logging
 import os
 import re
 import socket
+import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence  # noqa: UP035
 
@@ -32,8 +33,11 @@ from hydra_plugins.hydra_submitit_launcher.submitit_launcher import BaseSubmitit
 from omegaconf import OmegaConf
 
 from lmk.run import lock as run_lock
+from lmk.run.scheduler import slurm_job
 
 log = logging.getLogger(__name__)
+
+SCHEDULER_POLL_S = 30.0  # how often a waiting sweep asks the scheduler about its jobs
 
 # What a task's log or the scheduler's state says about a death without a Python exception, most specific first.
 _CAUSES = (
@@ -204,4 +208,27 @@ def launch(launcher: Launcher, job_overrides: Sequence[Sequence[str]], initial_j
             on_queued([queued_record(launcher, j) for j in jobs])
     old = [_reattached(launcher, r) for r in reattach]
     every = [*zip(jobs, job_overrides, strict=True), *zip(old, [r["overrides"] for r in reattach], strict=True)]
+    wait_all([job for job, _ in every])
     return [_outcome(job, overrides) for job, overrides in every]
+
+
+def _results_written(job: Any) -> bool:
+    return all(t.paths.result_pickle.exists() for t in (getattr(job, "_sub_jobs", None) or [job]))
+
+
+def wait_all(jobs: Sequence[Any], poll_s: float = SCHEDULER_POLL_S) -> None:
+    """Until every job is over. A job that writes its results is seen at once; one that dies without them is seen
+    through the scheduler's live view (`lmk.run.scheduler`: squeue first), asked every `poll_s`. submitit's own
+    watcher asks sacct every 10 minutes and keeps the first final-looking state it reads: a job requeued after a
+    node failure showed NODE_FAIL there while it ran again."""
+    pending, last = list(jobs), float("-inf")
+    while pending:
+        pending = [j for j in pending if not (_results_written(j) if isinstance(j, submitit.SlurmJob) else j.done())]
+        if pending and time.monotonic() - last >= poll_s:
+            last = time.monotonic()
+            pending = [j for j in pending if not isinstance(j, submitit.SlurmJob)
+                       or slurm_job(str(j.job_id)).verdict != "dead"]
+        if pending:
+            time.sleep(1)
+    if any(isinstance(j, submitit.SlurmJob) for j in jobs):
+        submitit.SlurmJob.watcher.update()  # fresh states for the outcomes (submitit reads its own cache)

@@ -92,12 +92,12 @@ def check_type(key: str, value: Any, hint: Any) -> Any:
     if origin in (Union, types.UnionType):
         if value is None and type(None) in args:
             return None
-        errors = []
+        errors: list[ConfigError] = []
         for arg in (a for a in args if a is not type(None)):
             try:
                 return check_type(key, value, arg)
             except ConfigError as err:
-                errors.append(str(err))
+                errors.append(err)
         raise errors[0] if len(errors) == 1 else ConfigError(
             f"{key}={value!r} is not valid; allowed: {' or '.join(_type_name(a) for a in args)}")
     if origin in (list, tuple):

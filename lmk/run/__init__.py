@@ -4,6 +4,9 @@
     environment.py  requirements.lock: its hash and what the installed environment differs in (results.json)
     files.py    atomic JSON writes, umask-following permissions, the lmk cache folder
     lock.py     one live owner per run folder (run.lock), finished-folder reuse
+    scheduler.py  what SLURM says of a job (alive, dead, unknown: never "nothing visible" read as dead)
+    checkpoint_dir.py  a run folder's checkpoint files, torch-free (moving them aside, interrupted saves)
+    faults.py   fault plans: a bad day rehearsed through the real path
     loggers.py  W&B (offline without credentials, never fatal) + CSV; quiet console logging
     cli.py      a command line that does not compose -> one line on stderr
     cluster.py  Lightning's view of the ranks submitit's local executor starts

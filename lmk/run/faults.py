@@ -4,20 +4,37 @@ A fault plan is a YAML file (`experiments/table2/faults/<name>.yaml`):
 
     faults:
       - {kind: kill, row: mean, rank: 1, step: 2}        # SIGKILL of rank 1 of row `mean` once step 2 is done
-      - {kind: timeout, row: cls, step: 1}               # the scheduler's time-limit signal (submitit: USR2)
-      - {kind: stale_lock, row: lmk-fixed-32, step: 1, host: node-gone-17}  # run.lock from another host, killed
-      - {kind: nan_loss, row: lmk-fixed-64, step: 2}     # the loss of step 2 is non-finite (a weight set to NaN)
-      - {kind: partial_download, repo: mteb/scifact}     # an interrupted download into the hub mirror
+      - {kind: requeue, row: cls, step: 1}               # `scontrol requeue` of the row's job (SLURM)
+      - {kind: nan_loss, row: lmk-fixed-64, step: 2, recurring: true}   # a NaN that comes back on every resume
+
+Where a fault is a real scheduler action it is the scheduler's own (`scontrol requeue`, `scontrol update
+TimeLimit=...` with the launcher's warning signal, `scontrol update NodeName=... State=DOWN`), fired from inside
+the job at a chosen step; `FIRES_UNDER` says which launchers a kind needs (under submitit's local executor the
+SLURM kinds are skipped with a line saying so, and `timeout`, the job signalling itself, stands in for a time
+limit). Kinds:
+
+    kill                SIGKILL of one rank (a dead rank: OOM killer, a segfault)
+    timeout             the time-limit warning signal sent by the job to itself (local stand-in)
+    time_limit          the job's time limit cut to `minutes` from now and its steps stalled until the warning
+    requeue             `scontrol requeue` of the job mid-training
+    requeue_mid_save    `scontrol requeue` while the checkpoint of `step` is half-written
+    node_down           the node of the job's last rank set DOWN (back after `down_s` seconds)
+    stale_lock          run.lock rewritten as another host's, then SIGKILL
+    nan_loss            the step's loss is non-finite (`recurring`: on every run, as a data-caused NaN is)
+    driver_kill         SIGKILL of the sweep's own processes (`lmk.sweep` and the row sweeper) while jobs run
+    partial_download    an interrupted download into the hub mirror (applied by the sweep driver)
+    truncate_checkpoint the row's last.ckpt cut in half, as a node dying mid-copy leaves it (applied by the
+                        driver before launching, on a row that is not done)
 
 `python -m lmk.sweep ... --faults <name|path>` puts the plan's path in `$LMK_FAULTS` and a folder of markers in
 `$LMK_FAULTS_STATE` (`<out>/faults`); every job inherits both through the launcher, so the config (and its hash)
-is the one an undisturbed run has. Each fault fires once: firing writes `<state>/<fault id>.json` first, so the
-same command run again resumes each interrupted row from its last checkpoint and meets no fault. Step faults
-are armed when a fit starts (all ranks see the same markers then) and fire at the start of the step after
-`step` optimizer steps, i.e. after step `step`'s checkpoint: a resume repeats no step.
+is the one an undisturbed run has. Each fault fires once (unless `recurring`): firing writes
+`<state>/<fault id>.json` first, so the same command run again resumes each interrupted row and meets no fault.
+Step faults are armed when a fit starts (all ranks see the same markers then) and fire at the start of the step
+that follows `step` optimizer steps, i.e. after step `step`'s checkpoint.
 
-This module is torch-free; the step hooks are `lmk.train.fault_hooks.FaultCallback`, the mirror hook runs in the
-sweep driver after the mirror is ready.
+This module is torch-free; the step hooks are `lmk.train.fault_hooks.FaultCallback`, the mirror and checkpoint
+faults run in the sweep driver before its jobs launch.
 """
 
 from __future__ import annotations
@@ -38,8 +55,13 @@ from lmk.run.files import write_json
 
 ENV_PLAN = "LMK_FAULTS"
 ENV_STATE = "LMK_FAULTS_STATE"
-KINDS = ("kill", "timeout", "stale_lock", "nan_loss", "partial_download")
-STEP_KINDS = ("kill", "timeout", "stale_lock", "nan_loss")
+STEP_KINDS = ("kill", "timeout", "time_limit", "requeue", "requeue_mid_save", "node_down", "stale_lock", "nan_loss",
+              "driver_kill")
+KINDS = (*STEP_KINDS, "partial_download", "truncate_checkpoint")
+# The scheduler a kind needs (`lmk.run.lock.job_identity`'s name); kinds not listed fire under any job launcher.
+FIRES_UNDER = {"time_limit": ("slurm",), "requeue": ("slurm",), "requeue_mid_save": ("slurm",),
+               "node_down": ("slurm",), "timeout": ("local",)}
+ENV_SWEEP_PIDS = "LMK_SWEEP_PIDS"  # the sweep's processes (driver, row sweeper): what driver_kill kills
 
 
 @dataclass(frozen=True)
@@ -52,6 +74,9 @@ class Fault:
     repo: str | None = None       # partial_download: the mirror's repo (owner/name)
     repo_kind: str = "dataset"    # partial_download: dataset | model
     keep: tuple[str, ...] = ("README.md",)  # partial_download: files left in place (glob patterns)
+    recurring: bool = False       # nan_loss: fires on every run, not once
+    minutes: int = 1              # time_limit: the new limit, in minutes from now
+    down_s: int = 20              # node_down: seconds the node stays down
 
     @property
     def id(self) -> str:
@@ -60,9 +85,15 @@ class Fault:
             f"-rank{self.rank}" if self.kind == "kill" else "")
 
     def describe(self) -> str:
-        what = {"kill": f"SIGKILL of rank {self.rank}", "timeout": "the scheduler's time-limit signal",
+        what = {"kill": f"SIGKILL of rank {self.rank}", "timeout": "the time-limit signal, sent by the job itself",
+                "time_limit": f"the job's time limit cut to {self.minutes} min from now, its steps stalled",
+                "requeue": "scontrol requeue of the job", "requeue_mid_save": "scontrol requeue mid-checkpoint-save",
+                "node_down": f"a node of the job set DOWN for {self.down_s} s",
                 "stale_lock": f"a run.lock claimed from host {self.host}, then SIGKILL",
-                "nan_loss": "a non-finite loss", "partial_download": f"an interrupted download of {self.repo}"}
+                "nan_loss": "a non-finite loss" + (" (on every run)" if self.recurring else ""),
+                "driver_kill": "SIGKILL of the sweep driver and the row sweeper",
+                "partial_download": f"an interrupted download of {self.repo}",
+                "truncate_checkpoint": f"last.ckpt of row {self.row} cut in half"}
         where = f" at step {self.step} of row {self.row}" if self.kind in STEP_KINDS else ""
         return f"injected fault {self.kind}: {what[self.kind]}{where}"
 
@@ -81,6 +112,8 @@ def _fault(entry: Any, where: str) -> Fault:
         raise ValueError(f"{where}: a {kind} fault needs `row` and `step` (an integer >= 0); got {entry}")
     if kind == "partial_download" and not entry.get("repo"):
         raise ValueError(f"{where}: a partial_download fault needs `repo` (owner/name); got {entry}")
+    if kind == "truncate_checkpoint" and not entry.get("row"):
+        raise ValueError(f"{where}: a truncate_checkpoint fault needs `row`; got {entry}")
     values = dict(entry)
     if "keep" in values:
         values["keep"] = tuple(str(k) for k in values["keep"])
@@ -143,9 +176,12 @@ def has_fired(fault: Fault) -> bool:
 
 
 def fire_once(fault: Fault, **details: Any) -> bool:
-    """Record that `fault` fires now; False when it fired before (then it must not fire again)."""
+    """Record that `fault` fires now; False when it fired before (then it must not fire again). A recurring
+    fault fires every time (its marker is rewritten)."""
     path = _marker(fault)
     path.parent.mkdir(parents=True, exist_ok=True)
+    if fault.recurring:
+        path.unlink(missing_ok=True)
     try:
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)  # atomic: one firing ever
     except FileExistsError:
@@ -181,7 +217,35 @@ def armed_step_faults(row: str | None) -> list[Fault]:
     """The step faults of `row` that have not fired yet (read once when a fit starts, the same on every rank)."""
     if not row:
         return []
-    return [f for f in active() if f.kind in STEP_KINDS and f.row == row and not has_fired(f)]
+    return [f for f in active() if f.kind in STEP_KINDS and f.row == row and (f.recurring or not has_fired(f))]
+
+
+def note_sweep_process(pid: int | None = None) -> None:
+    """Add this process (the sweep driver, the row sweeper) to what a driver_kill fault kills; a no-op without a
+    plan. Jobs inherit the list through the launcher's environment."""
+    if not os.environ.get(ENV_PLAN):
+        return
+    pids = [p for p in os.environ.get(ENV_SWEEP_PIDS, "").split(",") if p]
+    os.environ[ENV_SWEEP_PIDS] = ",".join([*pids, str(pid or os.getpid())])
+
+
+def sweep_pids() -> list[int]:
+    return [int(p) for p in os.environ.get(ENV_SWEEP_PIDS, "").split(",") if p.strip().isdigit()]
+
+
+def inject_checkpoint_faults(train_dir: str | os.PathLike, is_done: Callable[[Path], bool]) -> list[str]:
+    """The plan's truncate_checkpoint faults (each once) on rows under `train_dir` that have a last.ckpt and are
+    not done (`is_done(row_dir)`): what a node dying mid-copy leaves; the descriptions of those fired."""
+    done = []
+    for fault in (f for f in active() if f.kind == "truncate_checkpoint"):
+        last = Path(train_dir) / str(fault.row) / "checkpoints" / "last.ckpt"
+        if not last.is_file() or is_done(last.parent.parent) or has_fired(fault):
+            continue
+        if fire_once(fault, path=str(last)):
+            data = last.read_bytes()
+            last.write_bytes(data[: len(data) // 2])
+            done.append(fault.describe())
+    return done
 
 
 def claim_lock_as(run_dir: str | os.PathLike, host: str) -> None:

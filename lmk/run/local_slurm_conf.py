@@ -73,6 +73,9 @@ KillWait=5
 MinJobAge=3600
 # A node whose slurmd stops answering is DOWN after 30 s (default 300 s): node-loss tests wait on it.
 SlurmdTimeout=30
+# Users see only their own jobs, as on many sites (root, the SlurmUser, sees all): a run lock of another user's
+# job must read "unknown" there, never "dead".
+PrivateData=jobs
 InactiveLimit=0
 Waittime=0
 AccountingStorageType=accounting_storage/slurmdbd

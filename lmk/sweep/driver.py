@@ -35,6 +35,7 @@ from lmk.config import UserError
 from lmk.hub import mirror
 from lmk.run import faults
 from lmk.run.cli import full_errors, report
+from lmk.run.results import STATUS_DONE, read_results
 from lmk.sweep.eval_stage import run_stage
 from lmk.sweep.jobs import Block, job_id, train_block, zeroshot_block
 from lmk.sweep.spec import Row, Scale, SpecError, TableSpec, load_spec, validate_spec
@@ -202,6 +203,10 @@ def _build_table(sweep: Sweep, started: float, failures: int) -> int:
     return 1 if failures else 0
 
 
+def finished(run_dir: Path) -> bool:
+    return read_results(run_dir).get("status") == STATUS_DONE
+
+
 def mark_interrupted(folder: Path, repo: str) -> None:
     """A fault plan's interrupted download: the start marker a download into the mirror writes first, so the
     jobs see the copy as partial and the next sweep's mirror preparation writes it again."""
@@ -218,7 +223,9 @@ def main(argv: list[str] | None = None) -> int:
         # the scale's hub mirror, filled before any job starts; every job reads it (hub.mirror)
         mirror_dir = prepare(sweep.scale, sweep.out, sweep.args.dry_run) if sweep.args.stage != "table" else None
         if not sweep.args.dry_run:
-            for fault in faults.inject_mirror_faults(mirror_dir, mark_interrupted):
+            faults.note_sweep_process()  # a driver_kill fault's target
+            for fault in [*faults.inject_mirror_faults(mirror_dir, mark_interrupted),
+                          *faults.inject_checkpoint_faults(sweep.out / "train", finished)]:
                 print(f"[lmk.sweep] {fault}", file=sys.stderr, flush=True)
     except UserError as exc:  # a bad spec, scale or mirror: what is wrong and the fix (lmk.run.cli)
         if full_errors():  # the full trace on request (HYDRA_FULL_ERROR=1 or LMK_DEBUG=1)

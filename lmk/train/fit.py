@@ -46,7 +46,7 @@ from lmk.train.guard import NonFiniteError, NonFiniteGuard
 from lmk.train.module import ContrastiveModule
 from lmk.train.progress import LineProgress
 from lmk.train.requeue import RequeueOnSignal, RequeueRequested
-from lmk.train.resume import ExactResume, start_fresh
+from lmk.train.resume import ExactResume, last_logged, start_fresh
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +133,8 @@ def build_trainer(typed: RootConfig, cfg: DictConfig, run_dir: Path, callbacks: 
                                    plugins=plugins)
 
 
-def trainer_metrics(trainer: Any) -> dict[str, float]:
+def trainer_metrics(trainer: Any, run_dir: Path | None = None) -> dict[str, float]:
+    """The trainer's last logged metrics; a fit resumed at its last step ran none: its loss from metrics.csv."""
     out: dict[str, float] = {}
     for key, value in trainer.callback_metrics.items():
         try:
@@ -141,6 +142,10 @@ def trainer_metrics(trainer: Any) -> dict[str, float]:
         except (TypeError, ValueError):
             continue
     out["global_step"] = int(trainer.global_step)
+    if "train/loss" not in out and run_dir is not None:
+        loss = last_logged(run_dir, "train/loss")
+        if loss is not None:
+            out["train/loss"] = loss
     return out
 
 
@@ -315,7 +320,7 @@ def fit(cfg: DictConfig, typed: RootConfig) -> float | None:
             _setup(run)
         with run.timer.section("fit"):
             fit_s = _fit(run)
-        metrics = trainer_metrics(run.trainer)
+        metrics = trainer_metrics(run.trainer, run_dir)
         run.rank_zero = run.trainer.is_global_zero
         if run.rank_zero:
             _finish(run, fit_s, metrics)

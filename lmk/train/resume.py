@@ -57,6 +57,16 @@ def trim_metrics(run_dir: str | os.PathLike, from_step: int) -> int:
     return len(rows) - len(keep)
 
 
+def last_logged(run_dir: str | os.PathLike, key: str) -> float | None:
+    """The last value of `key` in metrics.csv (a run resumed at its last step logs no new one)."""
+    path = Path(run_dir) / METRICS_FILE
+    if not path.is_file():
+        return None
+    with open(path, newline="") as fh:
+        values = [r[key] for r in csv.DictReader(fh) if r.get(key)]
+    return float(values[-1]) if values else None
+
+
 def _rng_states() -> dict[str, Any]:
     # Plain tensors / ints / lists only: Lightning loads checkpoints with torch.load(weights_only=True).
     name, keys, pos, has_gauss, gauss = np.random.get_state()
