@@ -20,7 +20,7 @@ export TOKENIZERS_PARALLELISM ?= false
 .PHONY: install lock test test-slow test-all test-slurm slurm-up slurm-down slurm-status lint reproduce-table2 table2 prefetch replicas notebooks bench gpu-check rehearse-nodes clean help
 
 help:
-	@echo "make reproduce-table2 [SCALE=mini|rehearsal|paper|tiny] [FORCE=1] [FAULTS=bad-day] [THROUGHPUT=json]  sweep + table"
+	@echo "make reproduce-table2 [SCALE=mini|rehearsal|paper|tiny] [FORCE=1] [FAULTS=bad-day] [LAUNCHER=submitit_slurm] [THROUGHPUT=json]  sweep + table"
 	@echo "make table2 [SCALE=...]          re-aggregate the table from results files"
 	@echo "make prefetch [SCALE=paper] [MIRROR=dir]  on a login node: download what the sweep's jobs load"
 	@echo "make replicas MIRROR=dir         offline replicas of the paper's eval datasets (hub layout)"
@@ -68,7 +68,7 @@ lint: install
 	$(VENV)/bin/lint-imports --no-cache   # the layering contracts of pyproject.toml (docs/architecture.md)
 
 reproduce-table2: install
-	$(PY) -m lmk.sweep experiments/table2/spec.yaml --scale $(SCALE) --out $(OUT)/table2/$(SCALE) $(if $(FORCE),--force,) $(if $(THROUGHPUT),--throughput $(THROUGHPUT),) $(if $(FAULTS),--faults $(FAULTS),)
+	$(PY) -m lmk.sweep experiments/table2/spec.yaml --scale $(SCALE) --out $(OUT)/table2/$(SCALE) $(if $(FORCE),--force,) $(if $(THROUGHPUT),--throughput $(THROUGHPUT),) $(if $(FAULTS),--faults $(FAULTS),) $(if $(LAUNCHER),--launcher $(LAUNCHER),)
 
 table2: install
 	$(PY) -m lmk.tables experiments/table2/spec.yaml --scale $(SCALE) --out $(OUT)/table2/$(SCALE)

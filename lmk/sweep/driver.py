@@ -44,7 +44,8 @@ from lmk.sweep.spec import Row, Scale, SpecError, TableSpec, load_spec, validate
 VALIDATORS = {"lmk.train": "lmk.train.command.validate_job", "lmk.evaluate": "lmk.eval.command.validate_config"}
 
 
-def sweep_command(block: Block, folder: Path, scale: Scale, group: str, force: bool, dry_run: bool) -> list[str]:
+def sweep_command(block: Block, folder: Path, scale: Scale, group: str, force: bool, dry_run: bool,
+                  retry_nonfinite: bool = False) -> list[str]:
     """The multirun command line for one block of jobs (`lmk.sweep.jobs.Block`: what a user could type)."""
     folder.mkdir(parents=True, exist_ok=True)
     rows_file = folder / "rows.yaml"
@@ -60,6 +61,8 @@ def sweep_command(block: Block, folder: Path, scale: Scale, group: str, force: b
         cmd.append(f"hydra.sweeper.seeds=[{','.join(map(str, block.seeds))}]")
     if force:
         cmd.append("hydra.sweeper.force=true")
+    if retry_nonfinite:
+        cmd.append("hydra.sweeper.retry_nonfinite=true")
     if dry_run:
         cmd.append("hydra.sweeper.dry_run=true")
     return cmd
@@ -85,6 +88,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--seeds", default=None, help="comma-separated seeds: each fine-tuned row once per seed")
     parser.add_argument("--throughput", default=None, help="a gpu-check JSON the cost estimate reads as measured "
                         "(a CPU scale needs one: python -m benchmarks.gpu_check --cpu-smoke writes it)")
+    parser.add_argument("--launcher", default=None, help="run the scale through another launcher it declares "
+                        "(spec: scales.<scale>.launchers), e.g. submitit_slurm on the cluster of `make slurm-up`")
+    parser.add_argument("--retry-nonfinite", action="store_true",
+                        help="launch rows the non-finite guard stopped again under the same config")
     parser.add_argument("--faults", default=None,
                         help="a fault plan (a name of <spec dir>/faults/ or a YAML path): rehearse a bad day")
     return parser
@@ -115,7 +122,7 @@ def _load(parser: argparse.ArgumentParser, argv: list[str] | None) -> Sweep:
         parser.error(f"--seeds={args.seeds!r} is not valid; allowed values: comma-separated integers, e.g. 0,1,2")
     spec = load_spec(args.spec)
     validate_spec(spec, args.scale, with_optional=args.with_optional)
-    scale = spec.scale(args.scale)
+    scale = spec.scale(args.scale).on(args.launcher)
     rows = spec.rows_for(scale, args.with_optional)
     if args.rows:
         wanted = args.rows.split(",")
@@ -141,7 +148,7 @@ def _run_training_blocks(sweep: Sweep, hub: list[str]) -> tuple[int, int | None]
     failures = 0
     for block in (b for b in blocks if b is not None):
         cmd = sweep_command(block, sweep.out / block.name, sweep.scale, f"{sweep.group}-{block.name}", args.force,
-                            args.dry_run)
+                            args.dry_run, args.retry_nonfinite)
         block_started = time.time()
         code = run_block(cmd, sweep.scale.env)
         status_file = sweep.out / block.name / "sweep_status.json"

@@ -7,7 +7,7 @@ naming an eval group that the scale's suite does not define fails at once with t
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +61,27 @@ class Scale:
     eval_stage: dict[str, Any] = field(default_factory=dict)
     # The folder of hub repos every job reads offline (lmk.sweep.hub_mirror): {path, replicas}.
     hub_mirror: dict[str, Any] = field(default_factory=dict)
+    # Other launchers the scale runs on (`lmk.sweep --launcher NAME`): {NAME: {train: [...], eval: [...]}}, the
+    # overrides that fit the scale's jobs to it (appended to the training jobs and to the eval stage's).
+    launchers: dict[str, dict[str, list[str]]] = field(default_factory=dict)
+
+    def on(self, launcher: str | None) -> Scale:
+        """This scale run through `launcher` (one of `launchers`, or its own); SpecError names the choices."""
+        if launcher in (None, self.launcher or "local"):
+            return self
+        if launcher not in self.launchers:
+            raise SpecError(f"scale {self.name!r} does not run on launcher {launcher!r}; it runs on "
+                            f"{', '.join([self.launcher or 'local', *self.launchers])} (spec: scales.{self.name}"
+                            ".launchers)")
+        extra = self.launchers[launcher]
+        unknown = sorted(set(extra) - {"train", "eval"})
+        if unknown:
+            raise SpecError(f"scale {self.name!r}, launchers.{launcher}: unknown keys {unknown}; allowed: train, eval")
+        stage = dict(self.eval_stage)
+        if stage:
+            stage["launcher_overrides"] = [*stage.get("launcher_overrides", []), *extra.get("eval", [])]
+        return replace(self, launcher=launcher, train_overrides=[*self.train_overrides, *extra.get("train", [])],
+                       eval_stage=stage)
 
 
 @dataclass
@@ -114,6 +135,8 @@ def load_spec(path: str | Path) -> TableSpec:
                 description=str(s.get("description", "")).strip(),
                 eval_stage=dict(s.get("eval_stage") or {}),
                 hub_mirror=dict(s.get("hub_mirror") or {}),
+                launchers={str(k): {str(b): [str(o) for o in v] for b, v in (d or {}).items()}
+                           for k, d in (s.get("launchers") or {}).items()},
             )
     except (KeyError, TypeError) as exc:
         raise SpecError(f"{path}: malformed spec ({exc}); see experiments/table2/spec.yaml") from exc
