@@ -31,7 +31,8 @@ from lmk.run.scheduler import slurm_job
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_train import ENV  # noqa: E402
 
-pytestmark = pytest.mark.slurm
+# the bad day runs three sweeps of eight two-node jobs one after another: about 20 min here
+pytestmark = [pytest.mark.slurm, pytest.mark.timeout(3600)]
 ROOT = Path(__file__).resolve().parents[1]
 ROWS = ("ref", "requeue", "midsave", "nodedown", "timelimit", "deadrank", "nanrow", "stale")
 RESUMED = ("requeue", "midsave", "nodedown", "timelimit", "deadrank", "stale")
@@ -52,11 +53,18 @@ LAUNCH = ("launcher=submitit_slurm", "trainer=ddp-cpu", "launcher.nodes=2", "lau
           "trainer.log_every_n_steps=1", "eval=none")
 
 
-def _cluster_up() -> bool:
+def _cluster_up(wait_s: float = 180) -> bool:
+    """Both nodes idle (waits for a node the last job left completing, or down for a fault, to come back)."""
     if shutil.which("sinfo") is None:
         return False
-    out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %t"], capture_output=True, text=True, timeout=30)
-    return out.returncode == 0 and "idle" in out.stdout
+    deadline = time.time() + wait_s
+    while True:
+        out = subprocess.run(["sinfo", "-h", "-N", "-o", "%t"], capture_output=True, text=True, timeout=30)
+        if out.returncode == 0 and out.stdout.split().count("idle") == 2:
+            return True
+        if time.time() > deadline:
+            return False
+        time.sleep(2)
 
 
 @pytest.fixture(scope="module")

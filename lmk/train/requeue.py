@@ -4,8 +4,8 @@ SLURM sends the job's tasks a warning signal before its time limit (submitit ask
 ahead) and on a `PreemptMode=REQUEUE` preemption. submitit's own handler requeues at once, from inside the
 signal handler, wherever the training step happens to be, and saves nothing. `RequeueOnSignal` takes the
 signal over while a fit runs: the handler only notes it; at the end of the current optimiser step every rank
-agrees (one all-reduce) and saves `last.ckpt` together; then rank 0 hands over to the handler that was there
-before (submitit's: it requeues the job, counting time limits against `max_num_timeout`, and exits without a
+agrees (one all-reduce) and saves `last.ckpt` together; at the start of the next step (once Lightning logged
+the step that was saved) rank 0 hands over to the handler that was there before (submitit's: it requeues the job, counting time limits against `max_num_timeout`, and exits without a
 result, so the sweep keeps waiting for the requeued job) and the other ranks wait for the scheduler to stop
 them. Without a previous handler (a run started by hand) the fit stops after the save, as interrupted.
 
@@ -55,6 +55,7 @@ class RequeueOnSignal(pl.Callback):
         self._previous: Any = None
         self._received: int | None = None
         self._installed = False
+        self._pending_stop: str | None = None
 
     def _note(self, signum: int, frame: Any) -> None:
         self._received = signum  # only a flag: the step in progress finishes first
@@ -85,21 +86,27 @@ class RequeueOnSignal(pl.Callback):
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
-        if not self._installed or not self._agreed(trainer, pl_module):
+        if not self._installed or self._pending_stop is not None or not self._agreed(trainer, pl_module):
             return
         step = int(trainer.global_step)
         trainer.save_checkpoint(str(self.path))  # every rank takes part; rank 0 writes
-        signum = self._received or self.signum
-        name = signal.Signals(signum).name
+        name = signal.Signals(self._received or self.signum).name
         log.warning("%s at step %d: saved %s; handing the job to the scheduler for a requeue", name, step, self.path)
-        previous = self._previous
+        # Lightning logs this step's metrics after this hook: the stop comes at the next step's start, so
+        # metrics.csv keeps the step (the logger is flushed on the way out)
+        self._pending_stop = f"stopped at step {step} by {name} (a time limit or preemption) after saving {self.path}"
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
+                             batch_idx: int) -> None:
+        if self._pending_stop is None:
+            return
+        message, previous = self._pending_stop, self._previous
         self._restore()
-        message = f"stopped at step {step} by {name} (a time limit or preemption) after saving {self.path}"
         if callable(previous) and trainer.is_global_zero:
             try:
                 # submitit's handler: requeue + SystemExit (no result is written, the sweep waits for the
                 # requeued job); it raises UncompletedJobError instead when the job timed out too often
-                previous(signum, None)
+                previous(self._received or self.signum, None)
             except SystemExit:
                 raise RequeueRequested(f"{message}; requeued") from None
         elif callable(previous):
