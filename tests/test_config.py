@@ -170,3 +170,15 @@ def test_wandb_init_timeout_is_wandbs_own_and_offline_never_waits(monkeypatch):
         monkeypatch.delenv(key, raising=False)
     monkeypatch.setenv("NETRC", "/nonexistent")
     assert resolve_wandb_mode("auto") == "offline"
+
+
+def test_slurm_jobs_are_requeued_after_a_time_limit_with_a_warning_first():
+    """submitit's default max_num_timeout is 0 (a time limit is never requeued): lmk sets it from
+    launcher.max_requeues, the warning signal's lead from launcher.signal_delay_s, and one key for tasks per node."""
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        cfg = compose(config_name="train", return_hydra_config=True,
+                      overrides=["run_dir=/tmp/lmk-test-run", "launcher=submitit_slurm", "trainer=ddp-multinode",
+                                 "launcher.tasks_per_node=4"])
+    hl = cfg.hydra.launcher
+    assert (hl.max_num_timeout, hl.signal_delay_s) == (3, 120)
+    assert hl.tasks_per_node == 4 and cfg.trainer.devices == 4

@@ -138,6 +138,16 @@ def test_what_each_fault_left_on_record(bad_day):
     assert "task 1 of job" in status["deadrank"]["error"]  # the dead rank, named
 
 
+def test_every_srun_ends_the_job_when_a_rank_dies_and_the_warning_comes_before_the_limit(bad_day):
+    """What the jobs were submitted with (submitit's sbatch script): --kill-on-bad-exit, so a dead rank ends the
+    job at once (with NCCL the other ranks would otherwise wait in a collective for the DDP timeout: only a GPU
+    node shows that hang), and the warning signal `launcher.signal_delay_s` ahead of the time limit."""
+    array = bad_day["runs"][0]["status"]["ref"]["job_id"].split("_")[0]  # the rows went as one job array
+    script = (bad_day["out"] / ".submitit" / array / f"{array}_submission.sh").read_text()
+    assert "#SBATCH --signal=USR2@50" in script
+    assert any(line.startswith("srun") and "--kill-on-bad-exit=1" in line for line in script.splitlines()), script
+
+
 def test_a_nan_that_recurs_is_not_retried(bad_day):
     out, third = bad_day["out"], bad_day["runs"][2]
     res = read_results(out / "nanrow")

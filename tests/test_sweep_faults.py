@@ -301,3 +301,28 @@ def test_a_resumed_run_that_finishes_shows_no_error_but_keeps_its_interruptions(
     assert res["status"] == "done" and res["error"] is None and res["metrics"]["global_step"] == 2
     assert [i["error"] for i in res["interruptions"]] == ["JobDied: task 0 of job 7 ended without a result"]
     assert res["interruptions"][0]["step"] == 2 and res["timings"]["fit_steps"] == 0
+
+
+def test_a_job_takes_its_folders_lock_before_hydra_writes_into_it(tmp_path):
+    """A duplicate job (two sweeps racing for one row) must not touch the live run's folder: the submitted task
+    claims the run lock first, and only then calls the launcher's job function (which writes .hydra/)."""
+    from hydra_plugins.lmk_row_sweeper.launching import ResumableTask
+
+    run = tmp_path / "row"
+    run.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        live = {**run_lock._owner_record(), "pid": holder.pid, "proc_start": run_lock._proc_start(holder.pid)[1]}
+        (run / run_lock.LOCK_FILE).write_text(json.dumps(live))
+        called = []
+        task = ResumableTask(launcher=lambda *args: called.append(args), job_dirs={0: str(run)})
+        ret = task(["pooling=cls"], "hydra.sweep.dir", 0, "job_id_for_0", {})
+        assert not called and ret.status.name == "FAILED"
+        assert isinstance(ret._return_value, run_lock.RunFolderBusy) and str(holder.pid) in str(ret._return_value)
+        assert json.loads((run / run_lock.LOCK_FILE).read_text()) == live and not (run / ".hydra").exists()
+    finally:
+        holder.kill()
+    # once the owner is gone, the job takes the folder, runs, and gives the lock back
+    holder.wait()
+    task(["pooling=cls"], "hydra.sweep.dir", 0, "job_id_for_0", {})
+    assert len(called) == 1 and not (run / run_lock.LOCK_FILE).exists()
