@@ -27,8 +27,9 @@ own sizes: train_step ~1.08M tokens a step (256 x 128 + 2048 x 512) x ~1.4 GFLOP
 model, attention included) = 1.5 PFLOP, ~6 s a step, 3 steps plus the model and first-step warm-up: ~40 s;
 padded and encode: ~64K tokens a call, well under a second each, ~15 s with the model builds; encode_pipeline:
 512 x 512 + 160 x 8192 = 1.6M tokens at ~0.5 GFLOP a token forward = 0.8 PFLOP a pass, 8 passes (warm-up + 3
-repeats of both sides) plus tokenizing 1.6M tokens twice on the workers: ~40 s; rehearsal: two jobs of mostly
-start-up, ~60 s each, each killed at 180 s. About 3.5 minutes in all (not yet measured on a GPU), inside 5.
+repeats of both sides) plus tokenizing 1.6M tokens twice on the workers: ~40 s; rehearsal: its eval replicas
+written on the CPU (68 s on this project's loaded 2-core machine: ~40 s), then two jobs of mostly start-up,
+~60 s each, each killed at 180 s. About 4 minutes in all (not yet measured on a GPU), inside 5.
 
     python -m benchmarks.gpu_check [--out outputs/gpu_check] [--sections train_step,padded,...] [--wheelhouse X]
     python -m benchmarks.gpu_check --cpu-smoke      # the same code on the CPU at the rehearsal's sizes

@@ -113,7 +113,8 @@ def _stub(folder: Path, name: str, version: str) -> None:
 
 def node_stubs(node: dict[str, str | None], folder: Path) -> list[str]:
     """Stub wheels of the node's pinned packages in `folder`; returns their constraints (name==version+node)."""
-    folder.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(folder, ignore_errors=True)  # no stub of an earlier list may stand in for a package
+    folder.mkdir(parents=True)
     constraints = []
     for name, version in sorted(node.items()):
         if version:

@@ -11,6 +11,14 @@
 """
 
 from lmk.config.data import DataConfig, SourceConfig
-from lmk.data.retrieval import RetrievalCorpus
 
 __all__ = ["DataConfig", "SourceConfig", "RetrievalCorpus"]
+
+
+def __getattr__(name: str) -> object:
+    if name == "RetrievalCorpus":
+        # lazy: the training collator (lmk.data.collator) is imported without `datasets`, which retrieval.py loads
+        from lmk.data.retrieval import RetrievalCorpus
+
+        return RetrievalCorpus
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
