@@ -67,6 +67,7 @@ def test_cpu_smoke_runs_the_rehearsal_step_padded_batches_and_encode(tmp_path, c
     assert padded["status"] == "ok", padded
     assert len(set(padded["train"]["lengths"])) == 3 and padded["train"]["padded_to"] == max(padded["train"]["lengths"])
     assert padded["train"]["grads_finite"] and padded["train"]["valid_hidden_finite"]
+    assert padded["train"]["padded_rows_guarded"]  # the model the section built carries the guard
     assert padded["encode"]["embeddings_finite"] and min(padded["encode"]["lengths"]) < 32
     assert set(report["encode"]["sdpa"]) == {"64", "256"}
     tp = report["throughput"]
