@@ -17,7 +17,7 @@ endif
 export HF_HUB_OFFLINE
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: install lock test test-slow test-all test-slurm slurm-up slurm-down slurm-status lint reproduce-table2 table2 prefetch replicas notebooks bench gpu-check rehearse-nodes clean help
+.PHONY: install lock test test-slow test-all test-node test-slurm slurm-up slurm-down slurm-status lint reproduce-table2 table2 prefetch replicas notebooks bench gpu-check wheelhouse rehearse-nodes clean help
 
 help:
 	@echo "make reproduce-table2 [SCALE=mini|rehearsal|paper|tiny] [FORCE=1] [FAULTS=bad-day] [LAUNCHER=submitit_slurm] [THROUGHPUT=json]  sweep + table"
@@ -29,7 +29,11 @@ help:
 	@echo "make notebooks [SCALE=...] | bench  execute notebooks (best sweep present, or SCALE's) / benchmarks"
 	@echo "make rehearse-nodes [NODES=2]    one rehearsal row as a multi-node SLURM job on this machine"
 	@echo "make slurm-up | slurm-down | slurm-status  a real 2-node SLURM cluster here (root, Debian); test-slurm"
-	@echo "make gpu-check                   paper-shaped step + encode tokens/s + rehearsal row on a GPU (JSON)"
+	@echo "make gpu-check [PYTHON=python3] [WHEELHOUSE=archive]  paper-shaped step + encode tokens/s + rehearsal row"
+	@echo "                                 on a GPU (JSON), on the node's own Python; installs nothing (docs/gpu-node.md)"
+	@echo "make wheelhouse [NODE=freeze.txt] [NODE_PYTHON=3.12] [GROUP=full|light]  one archive of what a GPU node lacks"
+	@echo "make test-node                   the GPU node simulated: its packages + the archive, no network (slow)"
+	@echo 'GPU session (device tool), after make wheelhouse:  $(GPU_RUN)'
 
 install: $(STAMP)
 
@@ -92,8 +96,35 @@ bench: install
 
 # One JSON report (and $(OUT)/gpu_check/gpu_check.json, read by the cost estimate); without CUDA it prints a skip
 # and writes nothing (`python -m benchmarks.gpu_check --cpu-smoke` writes cpu_check.json: THROUGHPUT=... for a CPU scale).
-gpu-check: install
-	$(PY) -m benchmarks.gpu_check --out $(OUT)/gpu_check
+# GPU nodes bring their own Python and often no registry: it runs on PYTHON as given (the node's python3; else this
+# checkout's .venv when there is one), installs nothing and never touches torch. WHEELHOUSE=archive (from
+# `make wheelhouse`) unpacks what the node lacks into a temporary folder on the path for that run (docs/gpu-node.md).
+CHECK_PY := $(if $(filter command line environment,$(origin PYTHON)),$(PYTHON),$(if $(wildcard $(PY)),$(PY),$(PYTHON)))
+gpu-check:
+	$(CHECK_PY) -m benchmarks.gpu_check --out $(OUT)/gpu_check $(if $(WHEELHOUSE),--wheelhouse $(WHEELHOUSE),) $(if $(SECTIONS),--sections $(SECTIONS),) $(if $(SMOKE),--cpu-smoke,)
+
+# On a machine with a registry: one tar.xz of exactly what a GPU node lacks (an installed --target folder), for the
+# node's Python and platform, from the node's package list (NODE: `pip freeze` there; several files: later ones
+# override). GROUP=light packs only what the model sections need. Stubs, built wheels and pip's cache stay in
+# .wheelhouse/ (ignored). The archive is printed with its size and contents; over MAX_MIB MiB it is refused.
+NODE        ?= benchmarks/nodes/h200.txt
+NODE_PYTHON ?= 3.12
+GROUP       ?= full
+MAX_MIB     ?= 55
+XZ_PRESET   ?= 9
+WHEELHOUSE_OUT ?= .wheelhouse/lmk-$(basename $(notdir $(firstword $(NODE))))-cp$(subst .,,$(NODE_PYTHON))$(if $(filter light,$(GROUP)),-light,).tar.xz
+wheelhouse:
+	PIP_CACHE_DIR=$${PIP_CACHE_DIR:-$(CURDIR)/.wheelhouse/pip-cache} $(PYTHON) -m benchmarks.wheelhouse build \
+	  $(foreach f,$(NODE),--node $(f)) --group $(GROUP) --python-version $(NODE_PYTHON) --out $(WHEELHOUSE_OUT) \
+	  $(if $(MAX_MIB),--max-mib $(MAX_MIB),) --preset $(XZ_PRESET)
+
+# The device tool's one command for a GPU session (docs/gpu-node.md): carry .wheelhouse/lmk-h200-cp312.tar.xz.
+GPU_RUN := python3 -m pip list --format=freeze >$$OUT/node-freeze.txt 2>&1; nvidia-smi >$$OUT/nvidia-smi.txt 2>&1; set -o pipefail; export PYTHONUNBUFFERED=1; if command -v make >/dev/null; then make gpu-check PYTHON=python3 WHEELHOUSE=.wheelhouse/lmk-h200-cp312.tar.xz OUT=$$OUT; else python3 -m benchmarks.gpu_check --out $$OUT/gpu_check --wheelhouse .wheelhouse/lmk-h200-cp312.tar.xz; fi 2>&1 | tee $$OUT/gpu-check.log
+
+# The GPU node simulated (tests/test_node.py, marker slow): a fresh venv of only its packages, the archives of
+# `make wheelhouse` for this Python, no network; every section of --cpu-smoke, then the light archive alone.
+test-node: install
+	WANDB_MODE=disabled $(PY) -m pytest -q -m slow tests/test_node.py
 
 # One rehearsal row as a 2-node x 2-rank SLURM job on this machine (README, "Running at paper scale", step 0).
 NODES ?= 2

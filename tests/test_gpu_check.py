@@ -4,11 +4,14 @@ the CPU (--cpu-smoke), and the real check on a GPU."""
 from __future__ import annotations
 
 import json
+import os
+import time
+from pathlib import Path
 
 import pytest
 import torch
 
-from benchmarks import gpu_check
+from benchmarks import gpu_check, gpu_rehearsal, gpu_sections, wheelhouse
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA: the check runs instead")
@@ -34,7 +37,9 @@ def test_sections_are_a_registry_in_run_order() -> None:
 
 def test_cpu_smoke_runs_the_rehearsal_step_padded_batches_and_encode(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("LMK_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
     threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    benchmark, env = torch.backends.cudnn.benchmark, dict(os.environ)
     args = ["--cpu-smoke", "--sections", "train_step,padded,encode", "--out", str(tmp_path / "gc")]
     assert gpu_check.main(args) == 0
     report = json.loads(capsys.readouterr().out)
@@ -42,6 +47,11 @@ def test_cpu_smoke_runs_the_rehearsal_step_padded_batches_and_encode(tmp_path, c
     assert report == json.loads((tmp_path / "gc" / "cpu_check.json").read_text())
     assert not (tmp_path / "gc" / "gpu_check.json").exists() and torch.get_num_threads() == threads
     assert torch.are_deterministic_algorithms_enabled() == deterministic  # the Trainer's global setting restored
+    # Lightning's deterministic mode sets CUBLAS_WORKSPACE_CONFIG and cudnn.benchmark: neither outlives the section
+    assert dict(os.environ) == env and torch.backends.cudnn.benchmark == benchmark
+    # the scratch folder was a temporary one outside the report folder, removed afterwards
+    assert sorted(p.name for p in (tmp_path / "gc").iterdir()) == ["cpu_check.json"]
+    assert not Path(report["work"]).exists() and not Path(report["work"]).is_relative_to(tmp_path / "gc")
     step = report["train_step"]
     assert report["status"] == "ok" and step["status"] == "ok", step
     # the paper config's training settings at the rehearsal's sizes (issue 20.15: its determinism setting)
@@ -57,11 +67,72 @@ def test_cpu_smoke_runs_the_rehearsal_step_padded_batches_and_encode(tmp_path, c
     assert padded["status"] == "ok", padded
     assert len(set(padded["train"]["lengths"])) == 3 and padded["train"]["padded_to"] == max(padded["train"]["lengths"])
     assert padded["train"]["grads_finite"] and padded["train"]["valid_hidden_finite"]
+    assert padded["train"]["padded_rows_guarded"]  # the model the section built carries the guard
     assert padded["encode"]["embeddings_finite"] and min(padded["encode"]["lengths"]) < 32
     assert set(report["encode"]["sdpa"]) == {"64", "256"}
     tp = report["throughput"]
     assert tp["train_tokens_per_s"] == step["train_tokens_per_s"] and set(tp["encode_tokens_per_s"]) == {"64", "256"}
     assert tp["mode"] == "cpu-smoke" and tp["train_passes"] == 5
+
+
+def test_each_section_leaves_the_next_one_the_checks_own_settings(tmp_path, monkeypatch):
+    """A section that changes what Lightning changes (the environment, deterministic algorithms, cuDNN flags)
+    hands the next section, and the rehearsal's jobs, the settings the check started with."""
+    seen: dict[str, object] = {}
+
+    def lightning_like(smoke, work):
+        os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.backends.cudnn.benchmark = not torch.backends.cudnn.benchmark
+        return {}
+
+    def reader(smoke, work):
+        seen.update(cublas=os.environ.get("CUBLAS_WORKSPACE_CONFIG"), det=torch.are_deterministic_algorithms_enabled(),
+                    report=json.loads((tmp_path / "gc" / "cpu_check.json").read_text()))
+        return {}
+
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    for name, fn in (("lightning_like", lightning_like), ("reader", reader)):
+        monkeypatch.setitem(gpu_check.SECTIONS, name, fn)
+        monkeypatch.setitem(gpu_sections.NEEDS, name, "light")
+    assert gpu_check.main(["--cpu-smoke", "--sections", "lightning_like,reader", "--out", str(tmp_path / "gc")]) == 0
+    assert seen["cublas"] is None and seen["det"] == deterministic
+    # the report was on disk, the first section's figures in it, before the second section started
+    assert seen["report"]["status"] == "running" and seen["report"]["running"] == "reader"
+    assert seen["report"]["lightning_like"]["status"] == "ok"
+
+
+def test_a_section_whose_packages_are_absent_is_skipped_naming_them(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(wheelhouse, "LIGHT", (*wheelhouse.LIGHT, "lmk-no-such-package"))
+    assert gpu_check.main(["--cpu-smoke", "--sections", "encode", "--out", str(tmp_path / "gc")]) == 0
+    report = json.loads(capsys.readouterr().out)
+    section = report["encode"]
+    assert section["status"] == "skipped" and section["needs"] == ["lmk-no-such-package"], section
+    assert section["reason"].startswith("needs lmk-no-such-package") and report["skipped_sections"] == ["encode"]
+    assert report["status"] == "ok"  # skipped is no failure: the node lacks a package, the code did not break
+
+
+def test_the_rehearsals_jobs_are_killed_at_their_timeout_with_their_children(tmp_path):
+    """A job that hangs costs its section, never the report: at the limit its whole process group is killed
+    (Lightning's DDP ranks are children of the job)."""
+    pid_file = tmp_path / "child.pid"
+    out = gpu_rehearsal.run_job(["sh", "-c", f"sleep 120 & echo $! > {pid_file}; wait"], {}, timeout_s=3)
+    assert out["timed_out"] and out["returncode"] is None and out["wall_s"] < 60 and out["timeout_s"] == 3
+    status = Path(f"/proc/{pid_file.read_text().strip()}/status")
+    for _ in range(50):  # SIGKILL lands at once; the kernel may take a moment to retire the process
+        if not status.exists() or "State:\tZ" in status.read_text():
+            break
+        time.sleep(0.1)
+    assert not status.exists() or "State:\tZ" in status.read_text(), "the job's child outlived its timeout"
+
+
+def test_ddp_spans_every_rank_and_a_single_gpu_says_it_is_not_exercised(monkeypatch):
+    world = gpu_rehearsal.ddp_world(smoke=True)  # the rehearsal's own 2 CPU ranks
+    assert world == {"world_size": 2, "strategy": "ddp", "ddp_exercised": True}
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)  # the GPU node: one H200
+    one = gpu_rehearsal.ddp_world(smoke=False)
+    assert one["strategy"] == "auto" and not one["ddp_exercised"] and one["note"].startswith("single GPU: DDP not")
 
 
 @pytest.mark.gpu
@@ -74,8 +145,13 @@ def test_gpu_check_on_a_gpu(tmp_path, capsys):
     assert step["model_params"] > 140_000_000 and step["peak_memory_gib"] < report["gpu_memory_gib"]
     assert step["peak_memory_gib"] <= step["peak_reserved_gib"] and step["deterministic"] == "warn"
     assert report["padded"]["status"] == "ok" and report["padded"]["encode"]["padded_to"] == 8192
-    assert report["rehearsal"]["status"] == "ok" and report["rehearsal"]["run_status"] == "done"
-    assert report["total_s"] < 480
+    assert report["padded"]["train"]["padded_rows_guarded"]
+    pipeline = report["encode_pipeline"]["8192"]
+    assert pipeline["windows"] >= 2 and pipeline["workers"] >= 1  # something for the workers to overlap
+    row = report["rehearsal"]
+    assert row["status"] == "ok" and row["run_status"] == "done"
+    assert row["ddp_exercised"] == (report["gpu_count"] > 1) and row["world_size"] == report["gpu_count"]
+    assert report["total_s"] < 300  # sized for under 5 minutes on one H100/H200 (benchmarks/gpu_check.py)
 
 
 @pytest.mark.slow

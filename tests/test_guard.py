@@ -3,6 +3,7 @@ the step and the batch's samples, keeping the last good checkpoint and recording
 
 from __future__ import annotations
 
+import copy
 import json
 import subprocess
 import sys
@@ -125,42 +126,75 @@ def _keyless_nan_sdpa(module, query, key, value, attention_mask, **kwargs):
     return out, weights
 
 
+def sliding_encoder() -> dict:
+    """tiny-modernbert with layers global, sliding (+-4 tokens), global: a padded position 5+ tokens past a short
+    text has no key in the sliding layer."""
+    from tests.test_module import TINY
+
+    return {**TINY, "config_overrides": {**TINY["config_overrides"], "num_hidden_layers": 3,
+                                         "global_attn_every_n_layers": 2, "local_attention": 8}}
+
+
 def _sliding_model():
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
     from lmk.model.embedding import EmbeddingModel
-    from tests.test_module import POOLINGS, TINY
+    from tests.test_module import POOLINGS
 
     AttentionInterface.register(NAN_SDPA, _keyless_nan_sdpa)
     AttentionMaskInterface.register(NAN_SDPA, sdpa_mask)
-    # layers: global, sliding (+-4 tokens), global: a padded position 5+ tokens past a short text has no key
-    encoder = {**TINY, "config_overrides": {**TINY["config_overrides"], "num_hidden_layers": 3,
-                                            "global_attn_every_n_layers": 2, "local_attention": 8}}
     torch.manual_seed(0)
-    model = EmbeddingModel.build(encoder, POOLINGS["mean"], query_max_length=16, passage_max_length=48)
+    model = EmbeddingModel.build(sliding_encoder(), POOLINGS["mean"], query_max_length=16, passage_max_length=48)
     model.backbone.config._attn_implementation = NAN_SDPA
     return model
 
 
 def test_padded_rows_without_a_key_in_a_sliding_window_stay_finite():
-    model = _sliding_model()
+    model = _sliding_model()  # built by lmk: guarded, as every build path guards (below)
     texts = ["hi", "a much longer passage about rivers, deltas, the moon and coffee beans, with many words in it"]
     features = model.tokenize(texts, side="passage")
     assert int(features["attention_mask"][0].sum()) + 5 < features["attention_mask"].shape[1]  # the situation
+    unguarded = copy.deepcopy(model.backbone)  # the same backbone without the guard's pre-hook
+    unguarded._forward_pre_hooks.clear()
+    inputs = {k: features[k] for k in ("input_ids", "attention_mask")}
     with torch.no_grad():
-        unguarded = model(features)
+        raw = model.pooler(unguarded(**inputs).last_hidden_state, features["attention_mask"], features["pool_mask"])
         model.backbone.config._attn_implementation = "sdpa"  # CPU SDPA: 0 for keyless rows
         plain = model(features)
         model.backbone.config._attn_implementation = NAN_SDPA
-    assert not torch.isfinite(unguarded[0]).all()  # the NaN of the keyless rows reached the short text's embedding
-    ContrastiveModule(model)  # training guards the backbone's padded rows
+    assert not torch.isfinite(raw[0]).all()  # the NaN of the keyless rows reached the short text's embedding
     out = model(features)
     assert torch.isfinite(out).all()
     out.sum().backward()
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
     # real tokens see what they saw before: the embeddings equal CPU SDPA's
     torch.testing.assert_close(out.detach(), plain, atol=1e-6, rtol=1e-5)
+
+
+def test_every_build_path_guards_padded_rows(tmp_path):
+    """Training, evaluation and the probes build or load their models through these paths: each backbone carries
+    the guard (lmk.model.long_attention.guard_padded_rows), so no path meets a keyless row's NaN."""
+    from lmk.export import export_sentence_transformers, load_exported
+    from lmk.model.backbone import load_backbone
+    from lmk.model.embedding import EmbeddingModel
+    from lmk.model.loading import load_model
+    from tests.test_module import POOLINGS
+
+    def guarded(backbone) -> bool:
+        return bool(getattr(backbone, "_lmk_padded_rows_guarded", False)) and len(backbone._forward_pre_hooks) == 1
+
+    built = EmbeddingModel.build(sliding_encoder(), POOLINGS["lmk-fixed"], query_max_length=16, passage_max_length=48)
+    assert guarded(built.backbone) and guarded(load_backbone(sliding_encoder())[0])
+    assert guarded(built.with_pooling(POOLINGS["mean"]).backbone)
+    built.save_pretrained(tmp_path / "saved")
+    assert guarded(EmbeddingModel.from_pretrained(tmp_path / "saved").backbone)
+    export_sentence_transformers(built, tmp_path / "st")
+    assert guarded(load_exported(tmp_path / "st").backbone)
+    for ref in (tmp_path / "saved", tmp_path / "st"):  # what evaluation loads (a run's export, a saved model)
+        assert guarded(load_model(str(ref))[0].backbone), ref
+    # a bare transformers backbone (no lmk build path) has no guard: the check above can fail
+    assert not guarded(type(built.backbone)(built.backbone.config))
 
 
 @pytest.mark.slow  # two training processes: about a minute on 2 busy cores

@@ -68,3 +68,17 @@ def test_imports_inside_functions_say_why_and_no_import_error_is_swallowed(path:
                     swallowed.append(handler.lineno)
     assert not unexplained, f"{path.name}: imports inside functions without a comment saying why: lines {unexplained}"
     assert not swallowed, f"{path.name}: an ImportError swallowed silently at lines {swallowed}"
+
+
+def test_the_model_layer_and_the_training_step_load_no_evaluation_stack() -> None:
+    """What the gpu-check's model sections import (a GPU node runs them with the light wheelhouse) loads none of
+    mteb, datasets, wandb, submitit or pydantic at run time: package __init__ files included, which the
+    import-linter contract does not see."""
+    forbidden = ("mteb", "datasets", "wandb", "submitit", "pydantic")
+    code = ("import sys\n"
+            "import benchmarks.gpu_sections, benchmarks.encode_pipeline, lmk.config, lmk.data.collator\n"
+            "import lmk.model.embedding, lmk.model.backbone, lmk.sweep.cost, lmk.train.module\n"
+            f"print(sorted({{m.split('.')[0] for m in sys.modules}} & set({forbidden!r})))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip() == "[]", proc.stdout

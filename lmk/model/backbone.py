@@ -17,6 +17,7 @@ from transformers import AutoConfig, AutoModel, AutoTokenizer, PreTrainedModel, 
 from lmk.config.model import EncoderConfig
 from lmk.hub.mirror import resolve_model
 from lmk.hub.offline import hub_offline, is_hub_id
+from lmk.model.long_attention import guard_padded_rows
 
 log = logging.getLogger(__name__)
 
@@ -260,4 +261,5 @@ def load_backbone(encoder_cfg: Any) -> tuple[PreTrainedModel, PreTrainedTokenize
     set_rope(model, cfg.rope, cfg.name)
     if cfg.gradient_checkpointing:
         set_checkpointing(model, True)
+    guard_padded_rows(model)  # a bare backbone too (benchmarks, probes): no NaN from a padded row without a key
     return model, tok

@@ -19,7 +19,7 @@ from transformers import AutoModel, AutoTokenizer, PreTrainedModel
 from lmk.config.model import EncoderConfig, PoolingConfig
 from lmk.model.backbone import is_checkpointing, load_backbone, set_checkpointing, set_rope
 from lmk.model.device import autocast, resolve_precision
-from lmk.model.long_attention import lean_attention
+from lmk.model.long_attention import guard_padded_rows, lean_attention
 from lmk.model.pipeline import encode_texts
 from lmk.model.pooling import build_pooler
 from lmk.model.tokenization import LandmarkTokenizer
@@ -72,6 +72,9 @@ class EmbeddingModel(torch.nn.Module):
         pooling_cfg: PoolingConfig | None = None,
     ) -> None:
         super().__init__()
+        # every model built or loaded (training, evaluation, probes): padded rows of sliding-window layers get a
+        # key, since a CUDA kernel can return NaN for a row without one and the next global layer spreads it
+        guard_padded_rows(backbone)
         self.backbone = backbone
         self.tokenizer = tokenizer
         self.pooler = pooler

@@ -37,6 +37,7 @@ from transformers import AutoModel, AutoTokenizer, PreTrainedModel
 from lmk.config.model import EncoderConfig, PoolingConfig
 from lmk.model.backbone import set_rope
 from lmk.model.embedding import LMK_CONFIG_FILE, EmbeddingModel
+from lmk.model.long_attention import guard_padded_rows
 from lmk.model.pooling import build_pooler
 from lmk.model.tokenization import LandmarkTokenizer
 
@@ -117,6 +118,7 @@ class LandmarkTransformer(InputModule):
         load_kwargs.update(model_kwargs or {})
         backbone = AutoModel.from_pretrained(local, **load_kwargs)
         set_rope(backbone, bool(enc.get("rope", True)), str(enc.get("name", "?")))  # not saved: reapply
+        guard_padded_rows(backbone)  # as every lmk model: no NaN from a padded sliding-window row without a key
         hf_tok = AutoTokenizer.from_pretrained(local, model_max_length=int(cfg["max_positions"]),
                                                trust_remote_code=trust_remote_code)
         lmk_tok = LandmarkTokenizer.from_config(hf_tok, cfg.pop("tokenizer"))

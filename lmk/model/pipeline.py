@@ -260,6 +260,20 @@ def _running(items: _Items) -> Iterator[_Items]:
 
 
 # --------------------------------------------------------------------------------------------- the pipeline
+def copy_to_host(emb: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event]:
+    """A CUDA tensor copied into pinned memory without blocking, and the event that marks the copy's end: both on
+    the stream of the tensor's own device (with eval.device=cuda:N the current device may be another one, whose
+    stream knows nothing of this copy)."""
+    with torch.cuda.device(emb.device):
+        stream = torch.cuda.current_stream(emb.device)
+        host = torch.empty(emb.shape, dtype=emb.dtype, pin_memory=True)
+        with torch.cuda.stream(stream):
+            host.copy_(emb, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record(stream)
+    return host, event
+
+
 class _Gather:
     """Embeddings into `out` by text index. On CUDA through pinned buffers and events, read IN_FLIGHT batches
     later (no synchronising copy per batch); every row checked finite when read."""
@@ -272,11 +286,7 @@ class _Gather:
         if not self.cuda:
             self._store(idx, emb.cpu())
             return
-        host = torch.empty(emb.shape, dtype=emb.dtype, pin_memory=True)
-        host.copy_(emb, non_blocking=True)
-        event = torch.cuda.Event()
-        event.record()
-        self.pending.append((idx, host, event))
+        self.pending.append((idx, *copy_to_host(emb)))
         while len(self.pending) > IN_FLIGHT:
             self._finish()
 

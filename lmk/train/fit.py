@@ -43,7 +43,7 @@ from lmk.run.results import STATUS_DONE, Timer, config_hash_of, git_commit, read
 from lmk.train.checkpoints import AtomicCheckpointIO, ResumePoint, newest_valid, read_info, resume_point
 from lmk.train.fault_hooks import FaultCallback
 from lmk.train.guard import NonFiniteError, NonFiniteGuard
-from lmk.train.module import ContrastiveModule
+from lmk.train.module import build_module
 from lmk.train.progress import LineProgress
 from lmk.train.requeue import RequeueOnSignal, RequeueRequested
 from lmk.train.resume import ExactResume, last_logged, start_fresh
@@ -71,20 +71,6 @@ def build_datamodule(cfg: DictConfig, model: Any) -> Any:
     """`instantiate(cfg.data, tokenizer=model.tokenizer)` (the PairDataModule of lmk.data)."""
     # hub-id sources held by the hub mirror (`hub.mirror`) are read from it (compute nodes without internet)
     return hydra.utils.instantiate(with_mirrored_sources(cfg.data), tokenizer=model.tokenizer, _convert_="all")
-
-
-def build_module(typed: RootConfig, model: Any) -> ContrastiveModule:
-    t = typed.train
-    return ContrastiveModule(
-        model, tau=t.tau, lr=t.lr, weight_decay=t.weight_decay, warmup_steps=t.warmup_steps,
-        warmup_shape=t.warmup_shape, grad_scale=t.grad_scale,
-        max_steps=typed.trainer.max_steps, grad_cache=t.grad_cache, grad_cache_chunk=t.grad_cache_chunk,
-        gather_across_devices=t.gather_across_devices, in_batch_negatives=t.in_batch_negatives,
-        use_teacher_scores=t.use_teacher_scores, teacher_temperature=t.teacher_temperature,
-        gradient_checkpointing=bool(getattr(typed.encoder, "gradient_checkpointing", False)),
-        # manual optimisation (grad cache) clips in the module; otherwise the Trainer clips
-        gradient_clip_val=typed.trainer.gradient_clip_val if t.grad_cache else None,
-    )
 
 
 def build_callbacks(typed: RootConfig, run_dir: Path, has_logger: bool, config_hash: str) -> list[Any]:

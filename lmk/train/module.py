@@ -22,6 +22,7 @@ import lightning.pytorch as pl
 import torch
 from torch import Tensor
 
+from lmk.config import RootConfig
 from lmk.model.long_attention import guard_padded_rows
 from lmk.train.gradcache import grad_cache_step
 from lmk.train.losses import info_nce
@@ -242,3 +243,18 @@ class ContrastiveModule(pl.LightningModule):
             optimizer, warmup_decay(int(self.warmup_steps), self._total_steps(), self.warmup_shape)
         )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step", "frequency": 1}}
+
+
+def build_module(typed: RootConfig, model: Any) -> ContrastiveModule:
+    """The ContrastiveModule of a validated config around `model` (training's settings, its clipping rule)."""
+    t = typed.train
+    return ContrastiveModule(
+        model, tau=t.tau, lr=t.lr, weight_decay=t.weight_decay, warmup_steps=t.warmup_steps,
+        warmup_shape=t.warmup_shape, grad_scale=t.grad_scale,
+        max_steps=typed.trainer.max_steps, grad_cache=t.grad_cache, grad_cache_chunk=t.grad_cache_chunk,
+        gather_across_devices=t.gather_across_devices, in_batch_negatives=t.in_batch_negatives,
+        use_teacher_scores=t.use_teacher_scores, teacher_temperature=t.teacher_temperature,
+        gradient_checkpointing=bool(getattr(typed.encoder, "gradient_checkpointing", False)),
+        # manual optimisation (grad cache) clips in the module; otherwise the Trainer clips
+        gradient_clip_val=typed.trainer.gradient_clip_val if t.grad_cache else None,
+    )
