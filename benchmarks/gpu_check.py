@@ -6,7 +6,7 @@ Sections (benchmarks.gpu_sections.SECTIONS, run in that order; each timed, each 
                teacher scores), bf16-mixed, gradient checkpointing, grad cache and `deterministic: warn` as
                table2-paper sets them, through the same ContrastiveModule and Lightning Trainer as
                `lmk.train`; step time, training tokens/s and FLOP/s (passes counted as the code runs them),
-               peak memory allocated and reserved next to lmk.sweep.cost's estimate.
+               peak memory allocated and reserved next to lmk.train.memory's estimate.
   padded       what only a GPU kernel can get wrong: texts of mixed lengths (20 / 150 / 512 tokens) padded
                to 512, forward and backward under bf16 autocast with SDPA, and mixed lengths padded to 8192
                through `EmbeddingModel.encode`; every embedding, valid hidden state and gradient finite.

@@ -173,7 +173,8 @@ def check_train_step(smoke: bool, work: Path) -> dict[str, Any]:
     # lmk loads hydra and omegaconf: imported once the section's needs were checked
     from lmk.config import validate
     from lmk.model.embedding import EmbeddingModel
-    from lmk.sweep.cost import encoder_shape, job_memory
+    from lmk.model.shape import encoder_shape
+    from lmk.train.memory import job_memory
     from lmk.train.module import build_module
 
     device = "cpu" if smoke else "cuda"

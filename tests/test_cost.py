@@ -1,4 +1,6 @@
-"""lmk.sweep.cost: parameter count, FLOPs and the per-device memory estimate (and the paper config fits 80 GB)."""
+"""The model's size and memory: parameter count and FLOPs (lmk.model.shape), the per-device memory estimate and
+the gradient-checkpointing decision it sets (lmk.train.memory), the per-job report the dry run prints
+(lmk.sweep.cost.job_report), and the paper config fits 80 GB by its own estimate."""
 
 from __future__ import annotations
 
@@ -12,16 +14,10 @@ import pytest
 import torch
 
 from lmk.model.backbone import shipped_config
-from lmk.sweep.cost import (
-    GIB,
-    EncoderShape,
-    Precision,
-    estimate_memory,
-    job_memory,
-    job_report,
-    job_train_flops,
-    read_gpu_check,
-)
+from lmk.model.shape import EncoderShape, encoder_shape
+from lmk.sweep.cost import job_report, read_gpu_check
+from lmk.sweep.cost.training import training_flops
+from lmk.train.memory import GIB, Precision, decide_checkpointing, estimate_memory, job_memory
 
 ROOT = Path(__file__).resolve().parent.parent
 BASE = EncoderShape.from_config(shipped_config("modernbert-base"))
@@ -64,7 +60,7 @@ def test_checkpointing_reduces_activations_and_mixed_keeps_an_fp32_stream():
     full = estimate_memory(BASE, **PAPER, precision=MIXED, checkpointing=False)
     ckpt = estimate_memory(BASE, **PAPER, precision=MIXED, checkpointing=True)
     assert ckpt.activations < full.activations / 4
-    # the checkpointed layer inputs of 256 x 8 x 512 tokens in fp32 alone: ~70 GB (issue 12.6)
+    # the checkpointed layer inputs of 256 x 8 x 512 tokens in fp32 alone: ~70 GB
     layer_inputs = 256 * 8 * 512 * 768 * 4 * 22
     assert layer_inputs < ckpt.activations < layer_inputs * 1.6
     half = estimate_memory(BASE, **PAPER, precision=Precision.of("bf16-true"), checkpointing=True)
@@ -116,17 +112,25 @@ def test_each_fitting_key_lowers_the_estimate():
     assert job_memory(_compose(*base, "data.batch_size=64")).total < ref / 3
 
 
-def test_paper_dry_run_prints_the_memory_estimate(tmp_path):
+def test_paper_dry_run_prints_the_memory_estimate_and_the_checkpointing_decision(tmp_path):
     out = tmp_path / "paper"
     proc = subprocess.run([sys.executable, "-m", "lmk.sweep", "experiments/table2/spec.yaml", "--scale", "paper",
                            "--dry-run", "--out", str(out), "--rows", "cls"], cwd=ROOT, capture_output=True,
                           text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "memory per device:" in proc.stdout + proc.stderr and "fits a 80 GB GPU" in proc.stdout + proc.stderr
-    # the GPU-hours count grad cache's forward (issue 20.11), and every figure names its source
-    assert "5 passes per token" in proc.stdout and "train throughput: " in proc.stdout and "job overhead: " in proc.stdout
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 0, text
+    assert "memory per device:" in text and "fits a 80 GB GPU" in text
+    # per job: checkpointing off, and why (the estimate without it fits)
+    assert "gradient checkpointing off (auto): 46.2 GiB without it fits 80 GB" in text
+    # the GPU-hours count grad cache's forward but no checkpoint recompute; every figure names its source
+    assert "4 passes per token (forward, backward (2), grad-cache embedding pass)" in proc.stdout
+    assert "train throughput: " in proc.stdout and "job overhead: " in proc.stdout
+    # per stage: the longest job, how many run at once, the time limit
+    assert "(beir15)" in proc.stdout and "all 6 (6 GPUs)" in proc.stdout and "of 12.0 h" in proc.stdout
     job = json.loads((out / "train" / "jobs.json").read_text())["jobs"][0]
     assert job["report"]["fits"] is True and job["report"]["memory_gib"]["total"] > 1
+    assert job["report"]["gradient_checkpointing"]["on"] is False
+    assert job["report"]["time"]["timeout_min"] == 720 and job["report"]["time"]["refusal"] is None
 
 
 def test_a_job_that_does_not_fit_names_the_keys_that_fix_it():
@@ -134,17 +138,59 @@ def test_a_job_that_does_not_fit_names_the_keys_that_fix_it():
                                  "train.grad_cache=false"))
     assert report["fits"] is False and "DOES NOT FIT" in report["summary"]
     assert "train.grad_cache=true" in report["summary"] and "launcher.nodes" in report["summary"]
-    # bf16 weights (no fp32 master copy) lose most AdamW updates at lr 2e-5: never suggested (issue 20.10)
+    # bf16 weights (no fp32 master copy) lose most AdamW updates at lr 2e-5: never suggested
     assert "bfloat16" not in report["summary"] and "bf16-true" not in report["summary"]
     assert report["world_size"] == 20  # 5 nodes x 4 GPUs, the authors' 20
 
 
-def test_job_train_flops_of_the_paper_run():
-    out = job_train_flops(_compose("experiment=table2-paper", "pooling=cls", "launcher=submitit_slurm"))
-    assert out["steps"] == 5000 and out["world_size"] == 20
-    assert out["tokens"] == 5000 * 20 * 256 * (128 + 8 * 512)
-    per_token = BASE.train_flops_per_token(512, checkpointing=True, grad_cache=True)
-    assert out["flops"] == pytest.approx(out["tokens"] * per_token, rel=0.01)  # queries are 3% of the tokens
+def test_training_flops_of_the_paper_run_count_no_checkpoint_recompute():
+    cfg = _compose("experiment=table2-paper", "pooling=cls", "launcher=submitit_slurm")
+    tokens, flops, passes, what = training_flops(cfg, 20)
+    assert tokens == 5000 * 20 * 256 * (128 + 8 * 512) and passes == 4 and "checkpoint recompute" not in what
+    per_token = BASE.train_flops_per_token(512, checkpointing=False, grad_cache=True)
+    assert flops == pytest.approx(tokens * per_token, rel=0.01)  # queries are 3% of the tokens
+    # the pass it no longer counts: the same job checkpointed costs 5/4 of it
+    _, checkpointed, five, _ = training_flops(_compose("experiment=table2-paper", "pooling=cls",
+                                                       "launcher=submitit_slurm", "encoder.gradient_checkpointing=true"), 20)
+    assert five == 5 and checkpointed == pytest.approx(flops * 5 / 4)
+
+
+def test_auto_checkpointing_is_on_only_where_the_estimate_without_it_does_not_fit():
+    paper = ["experiment=table2-paper", "pooling=cls", "launcher=submitit_slurm"]
+    at_80 = decide_checkpointing(_compose(*paper))
+    assert at_80.setting == "auto" and not at_80.on and at_80.without_gib == 46.2 and at_80.gpu_memory_gb == 80
+    assert at_80.line == "gradient checkpointing off (auto): 46.2 GiB without it fits 80 GB"
+    at_40 = decide_checkpointing(_compose(*paper, "launcher.gpu_memory_gb=40"))
+    assert at_40.on and "46.2 GiB without it exceeds 36.0 GiB (90% of 40 GB)" in at_40.why
+    assert at_40.with_gib < 40 * 0.9  # and with it the job fits
+    # without grad cache the batch needs checkpointing even on 80 GB
+    assert decide_checkpointing(_compose(*paper, "train.grad_cache=false")).on
+    unknown = decide_checkpointing(_compose(*paper, "launcher.gpu_memory_gb=null"))
+    assert unknown.on and "launcher.gpu_memory_gb is not set" in unknown.why  # a GPU job: the safe side
+    on_cpu = decide_checkpointing(_compose(*paper, "trainer=ddp-cpu"))
+    assert not on_cpu.on and "CPU" in on_cpu.why
+    forced = decide_checkpointing(_compose(*paper, "encoder.gradient_checkpointing=true"))
+    assert forced.on and "auto saves a forward pass" in forced.why
+    assert not decide_checkpointing(_compose(*paper, "encoder.gradient_checkpointing=false")).on
+    # the estimate the report prints is the one for the decided setting
+    assert job_memory(_compose(*paper)).total == job_memory(_compose(*paper), checkpointing=False).total
+
+
+def test_checkpointing_setting_is_validated_torch_free():
+    from lmk.config import ConfigError, validate
+
+    validate(_compose("experiment=table2-paper", "pooling=cls"))
+    with pytest.raises(ConfigError, match="gradient_checkpointing='sometimes'.*true, false, auto"):
+        validate(_compose("experiment=table2-paper", "pooling=cls", "encoder.gradient_checkpointing=sometimes"))
+
+
+def test_published_configs_size_hub_encoders_not_on_disk():
+    sizes = {"BAAI/bge-m3": 568e6, "FacebookAI/xlm-roberta-large": 560e6, "answerdotai/ModernBERT-large": 395e6,
+             "google-bert/bert-base-uncased": 110e6}
+    for model_id, published in sizes.items():
+        assert encoder_shape({"model_id": model_id}).params() == pytest.approx(published, rel=0.02), model_id
+    with pytest.raises(ValueError, match="PUBLISHED_CONFIGS"):
+        encoder_shape({"model_id": "nobody/no-such-encoder"})
 
 
 def test_read_gpu_check_takes_only_a_gpu_measurement(tmp_path):

@@ -77,7 +77,8 @@ def test_the_model_layer_and_the_training_step_load_no_evaluation_stack() -> Non
     forbidden = ("mteb", "datasets", "wandb", "submitit", "pydantic")
     code = ("import sys\n"
             "import benchmarks.gpu_sections, benchmarks.encode_pipeline, lmk.config, lmk.data.collator\n"
-            "import lmk.model.embedding, lmk.model.backbone, lmk.sweep.cost, lmk.train.module\n"
+            "import lmk.model.embedding, lmk.model.backbone, lmk.model.shape, lmk.sweep.cost, lmk.train.memory\n"
+            "import lmk.train.module\n"
             f"print(sorted({{m.split('.')[0] for m in sys.modules}} & set({forbidden!r})))")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

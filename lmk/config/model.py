@@ -78,7 +78,8 @@ class EncoderConfig(Coercible):
     trust_remote_code: bool = False
     revision: str | None = None
     dtype: str = "float32"
-    gradient_checkpointing: bool = False
+    # true | false | auto: on only where the job's memory estimate without it exceeds the GPU (lmk.train.memory)
+    gradient_checkpointing: bool | str = False
     seed: int | None = 0  # random init; null in a config: the root `seed` (lmk.config.derive_seeds)
     # false: zero the rotary frequencies (the authors' `disable_rope` ablation; RoPE backbones only)
     rope: bool = True
@@ -94,6 +95,9 @@ class EncoderConfig(Coercible):
         _check_choice(n, "source", self.source, ENCODER_SOURCES)
         _check_choice(n, "attn_implementation", self.attn_implementation, ATTN_IMPLEMENTATIONS)
         _check_choice(n, "dtype", self.dtype, DTYPES)
+        if not isinstance(self.gradient_checkpointing, bool) and self.gradient_checkpointing != "auto":
+            raise ConfigError(f"{n}.gradient_checkpointing={self.gradient_checkpointing!r} is not valid; allowed values: "
+                              "true, false, auto")
         if not isinstance(self.rope, bool):
             raise ConfigError(f"{n}.rope={self.rope!r} is not valid; allowed values: true, false")
         if not isinstance(self.max_positions, int) or self.max_positions < 8:

@@ -259,7 +259,7 @@ def load_backbone(encoder_cfg: Any) -> tuple[PreTrainedModel, PreTrainedTokenize
         )
     model.eval()  # like from_pretrained; training code switches to train mode itself
     set_rope(model, cfg.rope, cfg.name)
-    if cfg.gradient_checkpointing:
+    if cfg.gradient_checkpointing is True:  # auto: decided by the training job (lmk.train.memory)
         set_checkpointing(model, True)
     guard_padded_rows(model)  # a bare backbone too (benchmarks, probes): no NaN from a padded row without a key
     return model, tok

@@ -358,7 +358,7 @@ class EmbeddingModel(torch.nn.Module):
             pooler = pooler.to(backbone.device)
         if enc is not None:
             set_rope(backbone, enc.rope, enc.name)  # zeroed rotary buffers are not saved: reapply
-        if enc is not None and enc.gradient_checkpointing:
+        if enc is not None and enc.gradient_checkpointing is True:  # auto: a training job's decision
             set_checkpointing(backbone, True)
         return cls(
             backbone,

@@ -6,7 +6,8 @@
     eval_stage.py  evaluation as a stage of its own: one job per (row, shard), merged into each row
     hub_mirror.py  a scale's hub mirror: every job reads it (hub.mirror); missing replicas written first
     prefetch.py    `python -m lmk.prefetch`: download what every job of a scale loads
-    cost.py        parameters, FLOPs and per-device memory of a job; estimate.py: GPU-hours per stage
+    cost/          the cost model by its parts: rates, a training job, the eval stage, time limits, the dry run's
+                   table and per-job report (memory: lmk.train.memory; the encoder's shape: lmk.model.shape)
     tables.py      run folders' results.json -> Markdown / LaTeX / CSV / JSON / plot
     authors.py     the authors' values (experiments/*/authors.yaml) against the composed configs
 The row sweeper these drive is the Hydra plugin `hydra_plugins/lmk_row_sweeper` (Hydra discovers plugins only

@@ -202,7 +202,7 @@ def _build_table(sweep: Sweep, started: float, failures: int) -> int:
     print(f"[lmk.sweep] table written to {paths['md']} (+ .tex .csv .json .png); commit "
           f"{', '.join(table_commits(table)) or '?'}; wall time {minutes:.1f} min")
     # fast path: the cost model (mteb's task statistics) loads only after a run
-    from lmk.sweep.estimate import training_time_report
+    from lmk.sweep.cost import training_time_report
 
     timing = training_time_report(sweep.args.spec, sweep.args.scale, sweep.out, sweep.args.throughput)
     if timing:
@@ -212,6 +212,22 @@ def _build_table(sweep: Sweep, started: float, failures: int) -> int:
 
 def finished(run_dir: Path) -> bool:
     return read_results(run_dir).get("status") == STATUS_DONE
+
+
+def refused(sweep: Sweep, show: bool) -> bool:
+    """Whether a job of the stages this run launches would outlive its launcher's time limit (each refusal
+    printed with its fix); with `show` (the dry run) the cost estimate is printed first."""
+    if not show and (not sweep.scale.launcher or sweep.scale.launcher == "local"):
+        return False  # jobs run here, under no time limit
+    # fast path: the cost model (model shapes, mteb's task statistics) loads only for a check or a dry run
+    from lmk.sweep.cost import check_sweep
+
+    stages = ("train", "eval") if sweep.args.stage == "all" else (sweep.args.stage,)
+    refusals = check_sweep(sweep.args.spec, sweep.args.scale, [r.id for r in sweep.rows], sweep.args.throughput,
+                           stages, show=show)
+    for line in refusals:
+        print(f"[lmk.sweep] refused before launch: {line}", file=sys.stderr, flush=True)
+    return bool(refusals)
 
 
 def mark_interrupted(folder: Path, repo: str) -> None:
@@ -242,6 +258,8 @@ def main(argv: list[str] | None = None) -> int:
     args = sweep.args
     print(f"[lmk.sweep] {sweep.spec.name} at scale {args.scale!r}: {len(sweep.rows)} rows -> {sweep.out}", flush=True)
     hub = [f"hub.mirror={mirror_dir}"] if mirror_dir else []
+    if not args.dry_run and args.stage != "table" and refused(sweep, show=False):
+        return 2  # a job its time limit would kill: nothing launched
     failures = 0
     if args.stage in ("all", "train"):
         failures, stop = _run_training_blocks(sweep, hub)
@@ -256,11 +274,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in ("train", "zeroshot"):
             if (sweep.out / name / "jobs.json").is_file():
                 print(f"[lmk.sweep] dry run: jobs in {sweep.out / name / 'jobs.json'}")
-        # fast path: the model shapes (torch) load for a dry run only
-        from lmk.sweep.estimate import print_sweep_estimate
-
-        print_sweep_estimate(args.spec, args.scale, [r.id for r in sweep.rows], args.throughput)
-        return 0
+        return 2 if refused(sweep, show=True) else 0
     if args.stage in ("train", "eval"):
         return 1 if failures else 0
     return _build_table(sweep, started, failures)

@@ -43,6 +43,7 @@ from lmk.run.results import STATUS_DONE, Timer, config_hash_of, git_commit, read
 from lmk.train.checkpoints import AtomicCheckpointIO, ResumePoint, newest_valid, read_info, resume_point
 from lmk.train.fault_hooks import FaultCallback
 from lmk.train.guard import NonFiniteError, NonFiniteGuard
+from lmk.train.memory import decide_checkpointing
 from lmk.train.module import build_module
 from lmk.train.progress import LineProgress
 from lmk.train.requeue import RequeueOnSignal, RequeueRequested
@@ -211,13 +212,16 @@ def _setup(run: _Run) -> None:
     use_hydra_logging()
     # seed_everything(0) is a real seed: never `if cfg.seed` (that skips seed 0).
     pl.seed_everything(run.typed.seed, workers=True)
+    # encoder.gradient_checkpointing resolved once (auto: from the memory estimate the dry run printed)
+    checkpointing = decide_checkpointing(run.resolved)
+    log.info(checkpointing.line)
     run.model = build_model(run.cfg, run.typed)
     run.datamodule = build_datamodule(run.cfg, run.model)
-    run.module = build_module(run.typed, run.model)
+    run.module = build_module(run.typed, run.model, checkpointing.on)
     run.loggers = build_logger(run.typed.logger, run.run_dir, run.resolved, resume=run.point.path is not None)
     if run.rank_zero:
         # now, not only at the end: a killed run's results.json still points at its W&B run
-        update_results(run.run_dir, wandb=wandb_info(run.loggers))
+        update_results(run.run_dir, wandb=wandb_info(run.loggers), gradient_checkpointing=checkpointing.record())
     for lg in (run.loggers if isinstance(run.loggers, list) else [run.loggers] if run.loggers else []):
         lg.log_hyperparams(run.resolved)  # resolved: no ${...} left in W&B / hparams.yaml
     run.callbacks = build_callbacks(run.typed, run.run_dir, has_logger=bool(run.loggers), config_hash=run.digest)

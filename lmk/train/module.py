@@ -245,16 +245,19 @@ class ContrastiveModule(pl.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step", "frequency": 1}}
 
 
-def build_module(typed: RootConfig, model: Any) -> ContrastiveModule:
-    """The ContrastiveModule of a validated config around `model` (training's settings, its clipping rule)."""
+def build_module(typed: RootConfig, model: Any, gradient_checkpointing: bool | None = None) -> ContrastiveModule:
+    """The ContrastiveModule of a validated config around `model` (training's settings, its clipping rule), with
+    gradient checkpointing as the job decided it (`lmk.train.memory.decide_checkpointing`; None: only if `true`)."""
     t = typed.train
+    if gradient_checkpointing is None:
+        gradient_checkpointing = getattr(typed.encoder, "gradient_checkpointing", False) is True
     return ContrastiveModule(
         model, tau=t.tau, lr=t.lr, weight_decay=t.weight_decay, warmup_steps=t.warmup_steps,
         warmup_shape=t.warmup_shape, grad_scale=t.grad_scale,
         max_steps=typed.trainer.max_steps, grad_cache=t.grad_cache, grad_cache_chunk=t.grad_cache_chunk,
         gather_across_devices=t.gather_across_devices, in_batch_negatives=t.in_batch_negatives,
         use_teacher_scores=t.use_teacher_scores, teacher_temperature=t.teacher_temperature,
-        gradient_checkpointing=bool(getattr(typed.encoder, "gradient_checkpointing", False)),
+        gradient_checkpointing=gradient_checkpointing,
         # manual optimisation (grad cache) clips in the module; otherwise the Trainer clips
         gradient_clip_val=typed.trainer.gradient_clip_val if t.grad_cache else None,
     )
