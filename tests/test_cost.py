@@ -130,7 +130,7 @@ def test_paper_dry_run_prints_the_memory_estimate_and_the_checkpointing_decision
     job = json.loads((out / "train" / "jobs.json").read_text())["jobs"][0]
     assert job["report"]["fits"] is True and job["report"]["memory_gib"]["total"] > 1
     assert job["report"]["gradient_checkpointing"]["on"] is False
-    assert job["report"]["time"]["timeout_min"] == 720 and job["report"]["time"]["refusal"] is None
+    assert job["report"]["time"]["timeout_min"] == 720 and job["report"]["refusal"] is None
 
 
 def test_a_job_that_does_not_fit_names_the_keys_that_fix_it():

@@ -200,6 +200,9 @@ def test_the_sweep_refuses_a_job_over_its_time_limit_before_anything_launches(tm
         assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
         assert "refused before launch: train stage: a training job needs 4.2 h" in proc.stderr
         assert "launcher.timeout=60 stops it at 1.0 h" in proc.stderr and "launcher.max_num_timeout=" in proc.stderr
-        if extra:  # the dry run prints the table first, the verdict in the stage's row
+        if extra:  # the dry run prints each row's report and the table first, the verdict in the stage's row
             assert "4.2 h > 1.0 h" in proc.stdout and "REFUSED: a training job needs 4.2 h" in proc.stdout
+            assert "estimated 4.2 h against launcher.timeout 1.0 h: EXCEEDS it" in proc.stdout + proc.stderr
+            job = json.loads((out / "train" / "jobs.json").read_text())["jobs"][0]
+            assert "launcher.timeout=60 stops it" in job["report"]["refusal"]
     assert not (tmp_path / "real" / "train").exists()  # nothing planned into a launch, nothing submitted

@@ -27,7 +27,8 @@ def job_time(c: dict[str, Any]) -> dict[str, Any] | None:
     return {"hours": round(verdict.wall_s / 3600, 2), "timeout_min": limit.minutes, "verdict": verdict.text,
             "refusal": verdict.refusal, "source": rates.train.source,
             "summary": f"estimated {hours(verdict.wall_s)} against launcher.timeout {hours(limit.seconds)}: "
-                       + (verdict.text if verdict.refusal is None else "EXCEEDS it (the sweep refuses it)")}
+                       + (verdict.text if verdict.refusal is None else "EXCEEDS it (`python -m lmk.sweep` refuses it "
+                                                                         "before launch, naming the fixes)")}
 
 
 def job_report(cfg: Any) -> dict[str, Any] | None:
@@ -45,4 +46,4 @@ def job_report(cfg: Any) -> dict[str, Any] | None:
              checkpointing.line, *([time["summary"]] if time else [])]
     return {"memory_gib": est.gib(), "gpu_memory_gb": gpu_gb, "fits": fits, "notes": est.notes,
             "world_size": job_world_size(c), "gradient_checkpointing": checkpointing.record(), "time": time,
-            "summary": "; ".join(parts)}
+            "refusal": time["refusal"] if time else None, "summary": "; ".join(parts)}
