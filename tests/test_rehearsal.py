@@ -127,6 +127,7 @@ def _flat(node, prefix: str = "") -> dict:
 REHEARSAL_CHANGES = {
     "name", "encoder.name", "encoder.source", "encoder.model_id", "encoder.config_overrides", "encoder.max_positions",
     "encoder.seed", "encoder.architecture", "encoder.config", "encoder.tokenizer",  # how the random stand-in is built
+    "encoder.gradient_checkpointing",  # paper: auto (per GPU); on the CPU auto is off, the rehearsal keeps it on
     "data.sources", "data.batch_size", "data.group_size", "data.query_max_length", "data.passage_max_length",
     "data.max_rows", "data.num_workers",
     "eval", "train.warmup_steps", "train.grad_cache_chunk", "train.checkpoint_every_n_steps",
