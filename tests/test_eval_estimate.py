@@ -166,13 +166,17 @@ def test_a_training_job_longer_than_its_limit_is_refused_naming_the_fixes() -> N
     refused = training_verdict(_job(), TimeLimit(720), "published A100")
     assert refused.text == "16.0 h > 12.0 h" and "published A100" in refused.refusal
     for fix in ("launcher.timeout=962 or more", "at least 27: launcher.nodes=8 with data.batch_size=160 keeps 5,120",
-                "launcher.max_num_timeout=1", "2 segments of 12.0 h, each keeping 3000 steps"):
+                "launcher.max_requeues=1", "2 segments of 12.0 h, each keeping 3000 steps"):
         assert fix in refused.refusal, refused.refusal
     # resume across jobs: two requeues suffice, so the job runs in segments and is not refused
     requeued = training_verdict(_job(), TimeLimit(720, requeues=2), "src")
     assert requeued.refusal is None and requeued.text.startswith("2 segments")
     assert requeued.wall_s == pytest.approx(12 * 3600 + 120 + 2000 * 16 * 3600 / 5000)  # 3000 + 2000 steps
-    # a checkpoint only at the end keeps nothing from a segment: the fix names the interval
+    # with the scheduler's warning 2 min ahead a segment keeps every step before it (saved then), not 3000
+    warned = training_verdict(_job(), TimeLimit(720, requeues=1, signal_delay_s=120), "src")
+    assert warned.refusal is None and warned.wall_s == pytest.approx(12 * 3600 + 120 + (5000 - 3729) * 11.52)
+    assert "each keeping 3729 steps" in training_verdict(_job(), TimeLimit(720, signal_delay_s=120), "src").refusal
+    # a checkpoint only at the end keeps nothing from a segment (no warning in time): the fix names the interval
     coarse = training_verdict(_job(checkpoint_every=0), TimeLimit(720, requeues=3), "src")
     assert coarse.refusal and "train.checkpoint_every_n_steps=" in coarse.refusal and "allows 4 segments" in coarse.refusal
 
@@ -184,7 +188,7 @@ def test_an_eval_shard_longer_than_its_limit_is_refused_naming_the_fixes() -> No
     assert refused.refusal and refused.text == "1.7 h > 1.0 h"
     assert "launcher.timeout=102 or more in the scale's eval_stage" in refused.refusal
     assert "eval_stage.shard_by: task; the longest task, A, needs 52.0 min" in refused.refusal
-    assert "launcher.max_num_timeout=1" in refused.refusal
+    assert "launcher.max_requeues=1" in refused.refusal
     assert eval_verdict(stage, TimeLimit(60, requeues=1), 120.0, "src").refusal is None  # a segment per task
 
 
@@ -199,7 +203,7 @@ def test_the_sweep_refuses_a_job_over_its_time_limit_before_anything_launches(tm
                               timeout=300)
         assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
         assert "refused before launch: train stage: a training job needs 4.2 h" in proc.stderr
-        assert "launcher.timeout=60 stops it at 1.0 h" in proc.stderr and "launcher.max_num_timeout=" in proc.stderr
+        assert "launcher.timeout=60 stops it at 1.0 h" in proc.stderr and "launcher.max_requeues=4" in proc.stderr
         if extra:  # the dry run prints each row's report and the table first, the verdict in the stage's row
             assert "4.2 h > 1.0 h" in proc.stdout and "REFUSED: a training job needs 4.2 h" in proc.stdout
             assert "estimated 4.2 h against launcher.timeout 1.0 h: EXCEEDS it" in proc.stdout + proc.stderr

@@ -204,7 +204,8 @@ def _build_table(sweep: Sweep, started: float, failures: int) -> int:
     # fast path: the cost model (mteb's task statistics) loads only after a run
     from lmk.sweep.cost import training_time_report
 
-    timing = training_time_report(sweep.args.spec, sweep.args.scale, sweep.out, sweep.args.throughput)
+    timing = training_time_report(sweep.args.spec, sweep.args.scale, sweep.out, sweep.args.throughput,
+                                  sweep.args.launcher)
     if timing:
         print(f"[lmk.sweep] {timing}")
     return 1 if failures else 0
@@ -224,7 +225,7 @@ def refused(sweep: Sweep, show: bool) -> bool:
 
     stages = ("train", "eval") if sweep.args.stage == "all" else (sweep.args.stage,)
     refusals = check_sweep(sweep.args.spec, sweep.args.scale, [r.id for r in sweep.rows], sweep.args.throughput,
-                           stages, show=show)
+                           stages, show=show, launcher=sweep.args.launcher)
     for line in refusals:
         print(f"[lmk.sweep] refused before launch: {line}", file=sys.stderr, flush=True)
     return bool(refusals)

@@ -77,11 +77,12 @@ def _eval_stage(scale: Scale, rows: int, c: dict[str, Any], shape: Any, rates: R
 
 def sweep_estimate(spec_path: str, scale_name: str, rows: Sequence[str], gpu: str | None = None,
                    gpu_check: Path | str = GPU_CHECK_JSON, throughput_file: Path | str | None = None,
-                   ) -> tuple[list[StageCost], Rates]:
-    """The estimate of a sweep: one training job of the scale composed as the sweep launches it (rows differ in
-    pooling only), and the eval stage's shards (or, without a stage, the training jobs' own evaluation)."""
+                   launcher: str | None = None) -> tuple[list[StageCost], Rates]:
+    """The estimate of a sweep: one training job of the scale (through `launcher`, one the scale declares, else
+    its own) composed as the sweep launches it (rows differ in pooling only), and the eval stage's shards (or,
+    without a stage, the training jobs' own evaluation)."""
     spec = load_spec(spec_path)
-    scale = spec.scale(scale_name)
+    scale = spec.scale(scale_name).on(launcher)
     by_id = {r.id: r for r in spec.rows}
     overrides = [*train_block(scale, [by_id[rows[0]]]).jobs()[0].overrides, *_launch(scale)]
     cfg = compose_config("lmk.train", overrides)
@@ -139,9 +140,9 @@ def format_estimate(stages: Sequence[StageCost], rates: Rates) -> str:
 
 
 def _estimate(spec_path: str, scale_name: str, rows: Sequence[str], throughput_file: Path | str | None,
-              unavailable: str) -> tuple[list[StageCost], Rates] | None:
+              unavailable: str, launcher: str | None = None) -> tuple[list[StageCost], Rates] | None:
     try:
-        return sweep_estimate(spec_path, scale_name, rows, throughput_file=throughput_file)
+        return sweep_estimate(spec_path, scale_name, rows, throughput_file=throughput_file, launcher=launcher)
     except (ValueError, KeyError) as err:
         print(f"[lmk.sweep] {unavailable}: {err}", flush=True)
         return None
@@ -159,15 +160,16 @@ def print_sweep_estimate(spec_path: str, scale_name: str, rows: Sequence[str],
 
 
 def check_sweep(spec_path: str, scale_name: str, rows: Sequence[str], throughput_file: Path | str | None = None,
-                stages: Sequence[str] = ("train", "eval"), show: bool = False) -> list[str]:
+                stages: Sequence[str] = ("train", "eval"), show: bool = False, launcher: str | None = None
+                ) -> list[str]:
     """The refusals of a sweep before launch: one line per stage (of `stages`) whose longest job exceeds its
     launcher's time limit, with the fix; empty when every job fits, no limit applies (the local launcher) or the
     scale cannot be sized (said in one line). With `show` (the dry run) the estimate is printed first."""
-    scale = load_spec(spec_path).scale(scale_name)
+    scale = load_spec(spec_path).scale(scale_name).on(launcher)
     if not show and (not scale.launcher or scale.launcher == "local"):
         return []
     est = _estimate(spec_path, scale_name, rows, throughput_file,
-                    "cost estimate unavailable" if show else "time limits not checked")
+                    "cost estimate unavailable" if show else "time limits not checked", launcher)
     if est is None:
         return []
     if show:
@@ -176,7 +178,7 @@ def check_sweep(spec_path: str, scale_name: str, rows: Sequence[str], throughput
 
 
 def training_time_report(spec_path: str, scale_name: str, out: Path | str,
-                         throughput_file: Path | str | None = None) -> str | None:
+                         throughput_file: Path | str | None = None, launcher: str | None = None) -> str | None:
     """After a run: the training stage's predicted wall time beside the measured one (the row sweeper's
     `train/sweep_status.json`: seconds per completed row), for the rows this run trained."""
     path = Path(out) / "train" / "sweep_status.json"
@@ -191,7 +193,8 @@ def training_time_report(spec_path: str, scale_name: str, out: Path | str,
     spec = load_spec(spec_path)
     first = spec.rows_for(spec.scale(scale_name))[0].id  # rows differ in pooling only: any row sizes the jobs
     try:
-        stages, rates = sweep_estimate(spec_path, scale_name, [first], throughput_file=throughput_file)
+        stages, rates = sweep_estimate(spec_path, scale_name, [first], throughput_file=throughput_file,
+                                       launcher=launcher)
     except (ValueError, KeyError) as err:
         return f"training wall time: measured {hours(measured)} for {len(done)} rows; no prediction ({err})"
     train = replace(stages[0], jobs=len(done), durations=[stages[0].job_wall_s] * len(done))

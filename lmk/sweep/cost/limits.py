@@ -1,11 +1,13 @@
 """A job's estimated wall time against the time limit of its launcher (`launcher.timeout`, minutes).
 
-The scheduler kills a job at its limit. A job whose estimate exceeds it is refused before anything of the sweep
-launches (`lmk.sweep.cost.estimate.check_sweep`), the refusal naming the fixes: a longer limit, more
-GPUs at the same effective batch, or resume across jobs: with `launcher.max_num_timeout` = N the scheduler
-requeues the job at its limit up to N times and it resumes from its last checkpoint, so it runs in up to N + 1
-segments, each keeping the steps up to the last checkpoint it reached (`train.checkpoint_every_n_steps`). An
-eval shard resumes from the tasks it finished (the row's mteb cache). The local launcher sets no limit.
+The scheduler stops a job at its limit. A job whose estimate exceeds it is refused before anything of the sweep
+launches (`lmk.sweep.cost.estimate.check_sweep`), the refusal naming the fixes: a longer limit, more GPUs at the
+same effective batch, or resume across jobs: with `launcher.max_requeues` = N the scheduler requeues the job at
+its limit up to N times and it resumes where it stopped, so it runs in up to N + 1 segments. A training segment
+keeps the steps done before the scheduler's warning signal (`launcher.signal_delay_s` ahead of the limit:
+`lmk.train.requeue` saves a checkpoint then) when a step fits in that lead time, else the steps up to its last
+periodic checkpoint (`train.checkpoint_every_n_steps`). An eval shard resumes from the tasks it finished (the
+row's mteb cache). The local launcher sets no limit.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from lmk.sweep.cost.training import TrainingJob
 @dataclass(frozen=True)
 class TimeLimit:
     minutes: int
-    requeues: int = 0  # launcher.max_num_timeout: requeues at the time limit
+    requeues: int = 0  # launcher.max_requeues: requeues at the time limit
+    signal_delay_s: float = 0.0  # launcher.signal_delay_s: the warning (a checkpoint is saved) before the limit
     where: str = ""  # where a stage's launcher keys are set, for the fix
 
     @property
@@ -35,7 +38,8 @@ class TimeLimit:
         section = c.get("launcher") or {}
         if not launcher or launcher == "local" or section.get("timeout") is None:
             return None
-        return cls(int(section["timeout"]), int(section.get("max_num_timeout") or 0), where)
+        return cls(int(section["timeout"]), int(section.get("max_requeues") or 0),
+                   float(section.get("signal_delay_s") or 0), where)
 
 
 @dataclass(frozen=True)
@@ -45,10 +49,15 @@ class Verdict:
     refusal: str | None = None
 
 
-def _kept_steps(job: TrainingJob, limit_s: float, every: int) -> int:
-    """Steps one segment of `limit_s` keeps: up to the last checkpoint it reaches (one every `every` steps)."""
-    fit = int((limit_s - job.overhead_s) // job.step_s) if job.step_s > 0 else job.steps
-    return max(fit, 0) // every * every
+def _kept_steps(job: TrainingJob, limit: TimeLimit, every: int) -> int:
+    """Steps one segment keeps: those before the warning signal when a step fits in its lead time (saved then),
+    else up to the last periodic checkpoint it reaches (one every `every` steps)."""
+    if job.step_s <= 0:
+        return job.steps
+    run_s = limit.seconds - job.overhead_s
+    if 0 < job.step_s < limit.signal_delay_s:
+        return max(int((run_s - limit.signal_delay_s) // job.step_s), 0)
+    return max(int(run_s // job.step_s), 0) // every * every
 
 
 def _more_gpus(job: TrainingJob, limit_s: float) -> str | None:
@@ -67,18 +76,19 @@ def _more_gpus(job: TrainingJob, limit_s: float) -> str | None:
 
 def _resume(job: TrainingJob, limit: TimeLimit, kept: int) -> str:
     s = limit.seconds
-    how = "at the time limit the scheduler requeues the job and it resumes from its last checkpoint"
+    how = "at each time limit the scheduler requeues the job and it resumes from the checkpoint it saved"
     if kept:
         segments = math.ceil(job.steps / kept)
-        return (f"resume across jobs (launcher.max_num_timeout={segments - 1}{limit.where}: {how}; {segments} "
+        return (f"resume across jobs (launcher.max_requeues={segments - 1}{limit.where}: {how}; {segments} "
                 f"segments of {hours(s)}, each keeping {kept} steps)")
     fit = max(int((s - job.overhead_s) // job.step_s), 0) if job.step_s > 0 else 0
     if fit < 2:
         return "not resume across jobs: the start-up and one step fill the limit"
     every = fit // 2  # half a segment: an estimate that is off by 2x still reaches a checkpoint
     segments = math.ceil(job.steps / (fit // every * every))
-    return (f"resume across jobs (train.checkpoint_every_n_steps={every}, now {job.checkpoint_every or 'at the end only'}"
-            f", so each segment reaches a checkpoint, and launcher.max_num_timeout={segments - 1}{limit.where}: {how})")
+    return (f"resume across jobs (a step outlasts the warning signal, so each segment keeps its last periodic "
+            f"checkpoint: train.checkpoint_every_n_steps={every}, now {job.checkpoint_every or 'at the end only'}, "
+            f"and launcher.max_requeues={segments - 1}{limit.where}: {how})")
 
 
 def training_verdict(job: TrainingJob, limit: TimeLimit, source: str) -> Verdict:
@@ -86,14 +96,14 @@ def training_verdict(job: TrainingJob, limit: TimeLimit, source: str) -> Verdict
     s = limit.seconds
     if job.wall_s <= s:
         return Verdict(f"{job.wall_s / s:.0%} of {hours(s)}", job.wall_s)
-    kept = _kept_steps(job, s, job.checkpoint_every or job.steps)
+    kept = _kept_steps(job, limit, job.checkpoint_every or job.steps)
     segments = math.ceil(job.steps / kept) if kept else 0
     if kept and limit.requeues and segments <= limit.requeues + 1:
         wall = (segments - 1) * s + job.overhead_s + (job.steps - (segments - 1) * kept) * job.step_s + job.eval_s
         return Verdict(f"{segments} segments of {hours(s)} (requeued, resumed)", wall)
     fixes = [f"a longer limit (launcher.timeout={math.ceil(job.wall_s / 60)} or more{limit.where})",
              _more_gpus(job, s), _resume(job, limit, kept)]
-    requeued = f" and launcher.max_num_timeout={limit.requeues} allows {limit.requeues + 1} segments" if limit.requeues else ""
+    requeued = f" and launcher.max_requeues={limit.requeues} allows {limit.requeues + 1} segments" if limit.requeues else ""
     return Verdict(f"{hours(job.wall_s)} > {hours(s)}", job.wall_s,
                    f"a training job needs {hours(job.wall_s)} by the estimate ({job.steps} steps on {job.gpus} devices; "
                    f"{source}) but launcher.timeout={limit.minutes} stops it at {hours(s)}{requeued}; fix: "
@@ -128,7 +138,7 @@ def eval_verdict(stage: StageCost, limit: TimeLimit, overhead_s: float, source: 
         name, sec = max(tasks, key=lambda t: t[1])
         fixes.append(f"smaller shards (eval_stage.shard_by: task; the longest task, {name}, needs {hours(sec + overhead_s)})")
     if segments:
-        fixes.append(f"resume across jobs (launcher.max_num_timeout={segments - 1}{limit.where}: a shard requeued at "
+        fixes.append(f"resume across jobs (launcher.max_requeues={segments - 1}{limit.where}: a shard requeued at "
                      "its limit skips the tasks it finished)")
     return Verdict(f"{hours(longest)} > {hours(s)}", longest,
                    f"eval shard {stage.longest} needs {hours(longest)} by the estimate ({len(tasks)} tasks on one "
