@@ -214,6 +214,9 @@ class RowSweeper(Sweeper):
                     self._check_job(check, job_cfg, sweep_dir / job, job, row_overrides)
                 _check_launcher(job_cfg, job)
                 job_report = self._report_job(report, job_cfg, sweep_dir / job) if report is not None else None
+                if job_report and job_report.get("refusal") and not self.dry_run:
+                    # a job the time limit would stop before it can finish: refused before anything launches
+                    raise ConfigError(f"row {job!r}: {job_report['refusal']}")
                 job_dir = sweep_dir / job
                 previous = read_results(job_dir)
                 state = row_rules.gather(job, job_dir, digest, previous, record.get(job) or {},
