@@ -17,7 +17,9 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 def make(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:
     """`make <args>` in the checkout, as a user runs it (offline, W&B offline)."""
-    env = {**os.environ, "WANDB_MODE": "offline", "OMP_NUM_THREADS": "1"}
+    # not as a sub-make of `make test` (its flags and "Entering directory" lines are not what a user sees)
+    env = {**{k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS", "MAKEOVERRIDES")},
+           "WANDB_MODE": "offline", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(["make", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, f"make {' '.join(args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return proc

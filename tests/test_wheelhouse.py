@@ -4,6 +4,7 @@ lacks (benchmarks/wheelhouse.py), and the model stack's declared version range h
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import zipfile
@@ -19,8 +20,12 @@ ROOT = Path(__file__).resolve().parents[1]
 NODE = ROOT / "benchmarks" / "nodes" / "h200.txt"
 
 
+# `make` as a user types it, not as a sub-make of `make test` (which adds "Entering directory" lines and its flags)
+MAKE_ENV = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS", "MAKEOVERRIDES")}
+
+
 def _make_n(*args: str) -> str:
-    proc = subprocess.run(["make", "-n", *args], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(["make", "-n", *args], cwd=ROOT, capture_output=True, text=True, timeout=60, env=MAKE_ENV)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
 
@@ -44,7 +49,7 @@ def test_wheelhouse_target_names_the_node_python_and_group():
 def test_the_gpu_sessions_command_fits_the_device_tool():
     """The one command a GPU session runs (make help prints it; docs/gpu-node.md quotes it) stays within the
     device tool's 2000 characters and carries the archive `make wheelhouse` writes by default."""
-    out = subprocess.run(["make", "help"], cwd=ROOT, capture_output=True, text=True, timeout=60).stdout
+    out = subprocess.run(["make", "help"], cwd=ROOT, capture_output=True, text=True, timeout=60, env=MAKE_ENV).stdout
     command = out.split("after make wheelhouse:", 1)[1].strip()
     assert len(command) <= 2000 and "$OUT" in command
     assert "WHEELHOUSE=.wheelhouse/lmk-h200-cp312.tar.xz" in command and "PYTHON=python3" in command
