@@ -17,6 +17,7 @@ from transformers import AutoConfig, AutoModel, AutoTokenizer, PreTrainedModel, 
 from lmk.config.model import EncoderConfig
 from lmk.hub.mirror import resolve_model
 from lmk.hub.offline import hub_offline, is_hub_id
+from lmk.model.landmark.landmark_transformer import set_rope
 
 log = logging.getLogger(__name__)
 
@@ -198,29 +199,6 @@ def set_checkpointing(model: PreTrainedModel, enabled: bool) -> None:
         model.activation_checkpointing_disable()
     else:
         model.gradient_checkpointing_disable()
-
-
-def set_rope(model: PreTrainedModel, enabled: bool, name: str = "?") -> None:
-    """`enabled=False` zeroes every rotary inverse frequency (and sets the rotary output scaling to 1), as the
-    authors' `disable_rope` does for ModernBERT: cos = 1 and sin = 0 at every position, so attention no
-    longer sees positions (the RoPE-off ablation). The buffers are not saved with the weights, so every
-    loader calls this again from the encoder config (`EncoderConfig.rope`)."""
-    if enabled:
-        return
-    rotary = [m for m in model.modules()
-              if any(n.endswith("inv_freq") for n, _ in m.named_buffers(recurse=False))]
-    if not rotary:
-        raise ValueError(
-            f"encoder {name!r}: rope=false needs a rotary-position backbone (e.g. ModernBERT); "
-            f"{type(model).__name__} has no rotary embedding (set encoder.rope=true)"
-        )
-    with torch.no_grad():
-        for module in rotary:
-            for key, buf in module.named_buffers(recurse=False):
-                if key.endswith("inv_freq"):  # <layer_type>_inv_freq and its original_ copy
-                    buf.zero_()
-            for attr in [a for a in vars(module) if a.endswith("attention_scaling")]:
-                setattr(module, attr, 1.0)
 
 
 def is_checkpointing(model: PreTrainedModel) -> bool:
