@@ -64,6 +64,7 @@ def to_sentence_transformer(model: EmbeddingModel, max_seq_length: int | None = 
         raise ValueError(f"export needs a registered pooler (lmk.model.landmark.poolers), got {type(model.pooler)}")
     description = model.lmk_config()
     lmk = {k: description[k] for k in ("name", "encoder", "pooling", "query_max_length", "passage_max_length")}
+    lmk["fingerprint"] = model.fingerprint()  # the weights' identity: mteb's model revision (lmk.eval.mteb_model)
     encoder = model.encoder_cfg
     first = LandmarkTransformer(model.backbone, model.tokenizer, max_seq_length=max_seq_length or model.passage_max_length,
                                 max_positions=model.max_positions, rope=encoder.rope if encoder else True,
