@@ -99,7 +99,9 @@ def model_meta(source: str | Path, *, name: str | None = None, hub_revision: str
     published = _published(folder)
     if published is not None:
         fields = {k: v for k, v in published.items() if k in ModelMeta.model_fields and k != "loader"}
-        fields.update(loader=load_model, loader_kwargs=loader_kwargs, experiment_kwargs=None)
+        # the published defaults (the per-side lengths the scores were computed at) and where the folder is now
+        fields.update(loader=load_model, loader_kwargs={**(published.get("loader_kwargs") or {}), **loader_kwargs},
+                      experiment_kwargs=None)
         if name:
             fields["name"] = name
         return ModelMeta(**fields)

@@ -159,7 +159,13 @@ def load_exported(path: str | os.PathLike, device: str | None = "cpu") -> Embedd
     meta = first.lmk
     enc = EncoderConfig.coerce(meta["encoder"]) if meta.get("encoder") else None
     pool = PoolingConfig.coerce(meta["pooling"]) if meta.get("pooling") else None
-    model = EmbeddingModel(first.auto_model, first.landmark_tokenizer, pooler,
+    tokenizer = first.landmark_tokenizer
+    if meta.get("passage_max_length") and tokenizer.max_length != meta["passage_max_length"]:
+        # lmk's convention (EmbeddingModel.build): the tokenizer's default length is the passage length; the
+        # folder's max_seq_length (sentence-transformers' one length) may have been set apart from it
+        settings = {**tokenizer.config(), "max_length": meta["passage_max_length"]}
+        tokenizer = type(tokenizer).from_config(tokenizer.tokenizer, settings, prefix_dir=tokenizer.prefix_dir)
+    model = EmbeddingModel(first.auto_model, tokenizer, pooler,
                            query_max_length=meta.get("query_max_length") or first.max_seq_length,
                            passage_max_length=meta.get("passage_max_length") or first.max_seq_length,
                            name=meta.get("name") or path.name, encoder_cfg=enc, pooling_cfg=pool)
