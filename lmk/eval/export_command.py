@@ -1,4 +1,4 @@
-"""`python -m lmk.export <run dir>`: a trained run -> a shareable model folder, and the hub.
+"""`python -m lmk.export <run dir>` (lmk/export.py runs this): a trained run -> a shareable model folder, and the hub.
 
     python -m lmk.export outputs/table2/mini/train/lmk-fixed-32 --out shared/lmk-fixed-32
     HF_TOKEN=... python -m lmk.export outputs/table2/mini/train/lmk-fixed-32 --push-to-hub me/lmk-fixed-32 [--private]
