@@ -123,8 +123,9 @@ def _scores(task_results: list[TaskResult], meta: ModelMeta) -> str:
 def _usage(source: str, meta: ModelMeta, model: EmbeddingModel) -> str:
     q, p = meta.loader_kwargs.get("query_max_length"), meta.loader_kwargs.get("passage_max_length")
     return f"""With sentence-transformers alone: the folder carries the code of its modules, hence
-`trust_remote_code=True`. {needed_packages(model.tokenizer)} Texts are cut to {p} tokens after landmark
-insertion (`model.max_seq_length`), the length the scores above were computed at:
+`trust_remote_code=True`. Texts are cut to {p} tokens after landmark insertion (`model.max_seq_length`), the length
+the scores above were computed at.
+{needed_packages(model.tokenizer)}
 
 ```python
 from sentence_transformers import SentenceTransformer
@@ -151,7 +152,7 @@ def _what(model: EmbeddingModel) -> str:
     label = pool.label if pool else model.name
     kind = "it pools with landmarks" if model.tokenizer.strategy != "none" else \
         "one of the paper's comparison rows, without landmarks"
-    return (f"This model was fine-tuned and evaluated with `lmk`, which reproduces the paper: pooling `{label}` "
+    return (f"This model was fine-tuned and evaluated with `lmk`, which reproduces the paper:\npooling `{label}` "
             f"({kind}).")
 
 
@@ -171,8 +172,8 @@ def model_card(*, meta: ModelMeta, model: EmbeddingModel, results: dict[str, Any
 
 # {meta.name}
 
-**LMK (landmark) pooling** ([LMK > CLS: Landmark Pooling for Dense Embeddings]({PAPER})) inserts a landmark
-token after every chunk of a text and embeds the text as the mean of the landmark states.
+**LMK (landmark) pooling** inserts a landmark token after every chunk of a text and embeds the text as the mean
+of the landmark states ([LMK > CLS: Landmark Pooling for Dense Embeddings]({PAPER})).
 {_what(model)}
 
 ## Model
