@@ -17,7 +17,6 @@ from transformers import AutoConfig, AutoModel, AutoTokenizer, PreTrainedModel, 
 from lmk.config.model import EncoderConfig
 from lmk.hub.mirror import resolve_model
 from lmk.hub.offline import hub_offline, is_hub_id
-from lmk.model.landmark.landmark_transformer import set_rope
 
 log = logging.getLogger(__name__)
 
@@ -199,6 +198,16 @@ def set_checkpointing(model: PreTrainedModel, enabled: bool) -> None:
         model.activation_checkpointing_disable()
     else:
         model.gradient_checkpointing_disable()
+
+
+def set_rope(model: PreTrainedModel, enabled: bool, name: str = "?") -> None:
+    """The RoPE switch (`encoder.rope`): lmk.model.landmark.landmark_transformer.set_rope, the one every export
+    carries and runs at load."""
+    # imported on use: the landmark package loads sentence-transformers, which this module's config readers (the
+    # cost model of a sweep's driver) never need
+    from lmk.model.landmark.landmark_transformer import set_rope as landmark_set_rope
+
+    landmark_set_rope(model, enabled, name)
 
 
 def is_checkpointing(model: PreTrainedModel) -> bool:
