@@ -85,7 +85,7 @@ def compare_features(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> 
 
 
 def run(size: str = "tiny") -> list[dict[str, Any]]:
-    from lmk.model.tokenization import LandmarkTokenizer
+    from lmk.model.landmark.tokenization import LandmarkTokenizer
 
     p = SIZES[check_size(size)]
     texts = mixed_texts(p["n_texts"], p["min_words"], p["max_words"], seed=1)

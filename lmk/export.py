@@ -1,6 +1,18 @@
-"""The stable import path of lmk's sentence-transformers modules: every export's modules.json names
-`lmk.export.LandmarkTransformer` / `lmk.export.LandmarkPooling` (the code is `lmk.model.export`)."""
+"""`python -m lmk.export <run dir>`: the command is `lmk.eval.export_command` (a run -> a shareable folder, the hub).
 
-from lmk.model.export import LandmarkPooling, LandmarkTransformer, export_sentence_transformers, load_exported
+Also the stable import path of lmk's sentence-transformers modules: folders written before the code travelled name
+`lmk.export.LandmarkTransformer` / `lmk.export.LandmarkPooling` in their modules.json.
+"""
+
+from lmk.model.export import LandmarkPooling, export_sentence_transformers, load_exported
+from lmk.model.landmark import LandmarkTransformer
 
 __all__ = ["LandmarkPooling", "LandmarkTransformer", "export_sentence_transformers", "load_exported"]
+
+if __name__ == "__main__":
+    import sys
+
+    from lmk.eval.export_command import main
+    from lmk.run.cli import guard
+
+    sys.exit(guard(main)())  # a user error (no token, an unfinished run): what is wrong and the fix, exit 2

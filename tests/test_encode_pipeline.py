@@ -24,8 +24,8 @@ from lmk.config.schema import ConfigError
 from lmk.eval.encoder import LmkEncoder
 from lmk.model.batching import fixed_batches, token_budget_batches
 from lmk.model.embedding import EmbeddingModel
+from lmk.model.landmark.tokenization import LandmarkTokenizer
 from lmk.model.pipeline import EncodeError, NonFiniteEmbeddingError, collate, resolve_workers, unpad
-from lmk.model.tokenization import LandmarkTokenizer
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 TEXTS = [

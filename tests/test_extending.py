@@ -34,15 +34,15 @@ def test_the_pooling_recipe_is_picked_up_everywhere(tmp_path: Path) -> None:
         shutil.copytree(ROOT / part, copy / part, ignore=ignore)
     shutil.copy(ROOT / "pyproject.toml", copy / "pyproject.toml")
     recipe = _recipe()
-    assert sorted(recipe) == ["conf/pooling/lmk-max.yaml", "lmk/model/pooling/max_landmark.py"], \
+    assert sorted(recipe) == ["conf/pooling/lmk-max.yaml", "lmk/model/landmark/max_landmark.py"], \
         "the recipe is one class and one YAML"
     for rel, body in recipe.items():
         assert not (copy / rel).exists()
         (copy / rel).write_text(body)
 
     # the registries: the runtime one (the class) and the torch-free one config validation reads
-    code = ("from lmk.model.pooling import POOLERS; from lmk.config import registry\n"
-            f"import lmk.model.pooling as p; assert p.__file__.startswith({str(copy)!r}), p.__file__\n"
+    code = ("from lmk.model.landmark import POOLERS; from lmk.config import registry\n"
+            f"import lmk.model.landmark as p; assert p.__file__.startswith({str(copy)!r}), p.__file__\n"
             "assert 'lmk_max' in POOLERS and registry.poolers()['lmk_max']['needs_pool_mask']")
     proc = _run([sys.executable, "-c", code], copy)
     assert proc.returncode == 0, proc.stderr[-3000:]

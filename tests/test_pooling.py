@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lmk.model.pooling import POOLERS, LandmarkPooling, Pooler, build_pooler
-from lmk.model.tokenization import LandmarkTokenizer
+from lmk.model.landmark.poolers import POOLERS, LMKPooling, Pooler, build_pooler
+from lmk.model.landmark.tokenization import LandmarkTokenizer
 
 H = 8
 
@@ -149,7 +149,7 @@ def embed_with(lt: LandmarkTokenizer, pooler: Pooler, table: torch.Tensor, texts
 
 def test_lmk_needs_pool_mask():
     with pytest.raises(ValueError, match="needs a pool_mask"):
-        LandmarkPooling()(torch.randn(1, 3, H), torch.ones(1, 3))
+        LMKPooling()(torch.randn(1, 3, H), torch.ones(1, 3))
 
 
 def test_latent_attention_is_trainable(batch):

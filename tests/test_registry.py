@@ -15,8 +15,8 @@ from omegaconf import OmegaConf
 
 from lmk.config import ConfigError, PoolingConfig, registry
 from lmk.eval.tasks import LOCAL_TASK_CLASSES, local_task
-from lmk.model.layouts import STRATEGY_TRAITS
-from lmk.model.pooling import POOLERS, Pooler, build_pooler, register_pooler
+from lmk.model.landmark.layouts import STRATEGY_TRAITS
+from lmk.model.landmark.poolers import POOLERS, Pooler, build_pooler, register_pooler
 
 TRAITS = ("name", "needs_pool_mask", "needs_hidden_size", "trainable", "attention_rows")
 

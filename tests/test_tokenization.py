@@ -11,8 +11,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lmk.model.sentences import split_sentences
-from lmk.model.tokenization import STRATEGIES, LandmarkTokenizer
+from lmk.model.landmark.sentences import split_sentences
+from lmk.model.landmark.tokenization import STRATEGIES, LandmarkTokenizer
 
 CLS, SEP, PAD = 101, 102, 0
 FIVE = "hello world foo bar cat"  # exactly five MiniLM word tokens
@@ -548,7 +548,7 @@ def test_language_reaches_the_splitter_from_the_pooling_config(minilm_tokenizer)
 
 
 def test_multilingual_splitter_works_offline():
-    from lmk.model.sentences import multilingual_backend
+    from lmk.model.landmark.sentences import multilingual_backend
 
     text = "今天天气很好。我们去公园吧！"
     pieces = split_sentences(text, "zh", "multilingual")

@@ -16,10 +16,10 @@ from typing import Any, ClassVar
 from lmk.config import registry
 from lmk.config.schema import Coercible, ConfigError, plain
 
-# Sentence splitters of the `sentence` strategy (implemented in lmk.model.sentences).
-DEFAULT_LANGUAGE = "en"
-SPLITTERS = ("koehn", "multilingual", "sentencex")
-DEFAULT_SPLITTER = "koehn"
+# Sentence splitters of the `sentence` strategy, read from their implementation (lmk.model.landmark.sentences)
+DEFAULT_LANGUAGE = registry.literal(registry.SENTENCES_FILE, "DEFAULT_LANGUAGE")
+SPLITTERS = tuple(registry.literal(registry.SENTENCES_FILE, "SPLITTERS"))
+DEFAULT_SPLITTER = registry.literal(registry.SENTENCES_FILE, "DEFAULT_SPLITTER")
 ENCODER_SOURCES = ("hub", "package", "random")
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -128,7 +128,7 @@ class EncoderConfig(Coercible):
 class PoolingConfig(Coercible):
     """One table row: a tokenization strategy + a pooler (group `pooling/`). `chunk_size` is THE sweep key.
 
-    Sentence strategy keys (lmk.model.sentences): `language` (ISO 639-1 code the splitter works in),
+    Sentence strategy keys (lmk.model.landmark.sentences): `language` (ISO 639-1 code the splitter works in),
     `sentence_splitter` (koehn = the authors' English splitter, multilingual = spaCy xx_sent_ud_sm with a
     sentencex fallback offline, sentencex) and `max_sentence_tokens` (None: a long sentence is never cut,
     as the authors; an int: a landmark after every that many tokens inside it too).

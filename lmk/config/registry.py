@@ -4,9 +4,10 @@ Config validation must stay torch-free, yet the poolers and tokenization strateg
 than keep a second list of their names here, this module reads the declarations the implementations
 themselves use, with `ast` (no import, milliseconds):
 
-- poolers: the classes decorated with `@register_pooler` in `lmk/model/pooling/*.py`, with their literal
+- poolers: the classes decorated with `@register_pooler` in `lmk/model/landmark/*.py`, with their literal
   class attributes (`name`, `needs_pool_mask`, ...), inherited ones included;
-- strategies: the `STRATEGY_TRAITS` table of `lmk/model/layouts.py`.
+- strategies: the `STRATEGY_TRAITS` table of `lmk/model/landmark/layouts.py`;
+- sentence splitters: the `SPLITTERS` of `lmk/model/landmark/sentences.py`.
 
 The model layer builds its runtime registries from the same classes and table when imported (a duplicate
 name fails there and here); tests/test_registry.py checks that both views agree.
@@ -22,8 +23,9 @@ from typing import Any
 from lmk.config.schema import ConfigError
 
 MODEL_DIR = Path(__file__).resolve().parents[1] / "model"
-POOLING_DIR = MODEL_DIR / "pooling"
-LAYOUTS_FILE = MODEL_DIR / "layouts.py"
+POOLING_DIR = MODEL_DIR / "landmark"  # the code every export carries (poolers among other files)
+LAYOUTS_FILE = POOLING_DIR / "layouts.py"
+SENTENCES_FILE = POOLING_DIR / "sentences.py"
 POOLER_DECORATOR = "register_pooler"
 
 
@@ -99,11 +101,11 @@ def literal(path: Path, variable: str) -> Any:
 
 @lru_cache(maxsize=1)
 def poolers() -> dict[str, dict[str, Any]]:
-    """{pooler name: declared needs} of every registered pooler (lmk/model/pooling)."""
+    """{pooler name: declared needs} of every registered pooler (lmk/model/landmark)."""
     return declared_classes(POOLING_DIR, POOLER_DECORATOR)
 
 
 @lru_cache(maxsize=1)
 def strategies() -> dict[str, dict[str, bool]]:
-    """{strategy name: traits} of every tokenization strategy (lmk.model.layouts.STRATEGY_TRAITS)."""
+    """{strategy name: traits} of every tokenization strategy (lmk.model.landmark.layouts.STRATEGY_TRAITS)."""
     return dict(literal(LAYOUTS_FILE, "STRATEGY_TRAITS"))

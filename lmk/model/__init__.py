@@ -1,14 +1,12 @@
 """The model side: texts -> landmark-tokenized features -> backbone -> pooler -> L2-normalised embeddings.
 
-    tokenization.py  LandmarkTokenizer (strategies none / fixed / variable / sentence / every_k / multi_cls)
-    layouts.py       where each token of a row goes (numpy), truncation after insertion; STRATEGY_TRAITS
-    sentences.py     sentence splitters of the `sentence` strategy
-    pooling/         the pooler registry (@register_pooler): cls, mean, lmk, latent_attention
+    landmark/        the code every export carries: LandmarkTokenizer (strategies, layouts, sentence splitters),
+                     the poolers (@register_pooler: cls, mean, lmk, latent_attention) and LandmarkTransformer
     backbone.py      the transformers backbone + tokenizer of an encoder config (package, hub, random init)
     embedding.py     EmbeddingModel: build, encode (batched, any device / precision), save / load
     batching.py      inference batches by rows or by token budget; device.py: eval device and precision
     long_attention.py  sliding-window layers without a dense T x T mask at inference
-    export.py        sentence-transformers modules (saved folders name them lmk.export.*)
+    export.py        an EmbeddingModel as a sentence-transformers folder carrying landmark/'s files; load_exported
     loading.py       any model reference (run folder, export, .ckpt, HF encoder) -> EmbeddingModel
     modernbert_tokenizer.py  an offline tokenizer that behaves like ModernBERT's (rehearsal)
 """

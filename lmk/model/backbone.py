@@ -202,26 +202,13 @@ def set_checkpointing(model: PreTrainedModel, enabled: bool) -> None:
 
 
 def set_rope(model: PreTrainedModel, enabled: bool, name: str = "?") -> None:
-    """`enabled=False` zeroes every rotary inverse frequency (and sets the rotary output scaling to 1), as the
-    authors' `disable_rope` does for ModernBERT: cos = 1 and sin = 0 at every position, so attention no
-    longer sees positions (the RoPE-off ablation). The buffers are not saved with the weights, so every
-    loader calls this again from the encoder config (`EncoderConfig.rope`)."""
-    if enabled:
-        return
-    rotary = [m for m in model.modules()
-              if any(n.endswith("inv_freq") for n, _ in m.named_buffers(recurse=False))]
-    if not rotary:
-        raise ValueError(
-            f"encoder {name!r}: rope=false needs a rotary-position backbone (e.g. ModernBERT); "
-            f"{type(model).__name__} has no rotary embedding (set encoder.rope=true)"
-        )
-    with torch.no_grad():
-        for module in rotary:
-            for key, buf in module.named_buffers(recurse=False):
-                if key.endswith("inv_freq"):  # <layer_type>_inv_freq and its original_ copy
-                    buf.zero_()
-            for attr in [a for a in vars(module) if a.endswith("attention_scaling")]:
-                setattr(module, attr, 1.0)
+    """The RoPE switch (`encoder.rope`): lmk.model.landmark.landmark_transformer.set_rope, the one every export
+    carries and runs at load."""
+    # imported on use: the landmark package loads sentence-transformers, which this module's config readers (the
+    # cost model of a sweep's driver) never need
+    from lmk.model.landmark.landmark_transformer import set_rope as landmark_set_rope
+
+    landmark_set_rope(model, enabled, name)
 
 
 def is_checkpointing(model: PreTrainedModel) -> bool:

@@ -18,7 +18,7 @@ from lmk.config.model import EncoderConfig
 from lmk.hub.offline import is_hub_id
 from lmk.model.backbone import config_positions
 from lmk.model.embedding import EmbeddingModel
-from lmk.model.export import load_exported
+from lmk.model.export import is_export, load_exported
 
 log = logging.getLogger(__name__)
 
@@ -44,11 +44,6 @@ def _load_from_checkpoint(ckpt: Path, run_dir: Path) -> Any:
     return model
 
 
-
-
-def _is_lmk_export(path: Path) -> bool:
-    """A sentence-transformers folder whose modules are lmk's own (vs a plain published model)."""
-    return "lmk.export" in (path / "modules.json").read_text()
 
 
 def _st_transformer_dir(path: Path) -> Path:
@@ -98,10 +93,10 @@ def load_model(ref: str | os.PathLike | None, encoder_cfg: Any = None, pooling_c
         )
     if path.is_file() and path.suffix == ".ckpt":
         return _load_from_checkpoint(path, path.parent.parent), {"kind": "checkpoint", "source": str(path)}
+    if is_export(path):  # before save_pretrained's lmk_config.json: older exports hold one too
+        return load_exported(path), {"kind": "export", "source": str(path)}
     if (path / "lmk_config.json").is_file():
         return EmbeddingModel.from_pretrained(path), {"kind": "pretrained", "source": str(path)}
-    if (path / "modules.json").is_file() and _is_lmk_export(path):
-        return load_exported(path), {"kind": "export", "source": str(path)}
     if (path / "export" / "modules.json").is_file():
         return load_exported(path / "export"), {"kind": "run-export", "source": str(path / "export"),
                                                 "run_dir": str(path)}

@@ -34,7 +34,7 @@ from torch.utils.data import DataLoader, Dataset
 from tqdm.auto import tqdm
 
 from lmk.model.batching import fixed_batches, token_budget_batches
-from lmk.model.layouts import rows_and_local
+from lmk.model.landmark.layouts import rows_and_local
 
 WINDOW = 128  # texts per tokenization task when planning token-budget batches
 MAX_AUTO_WORKERS = 8  # beyond this, tokenization outruns any single accelerator we target

@@ -38,6 +38,7 @@ from lmk.run.cli import full_errors, report
 from lmk.run.results import STATUS_DONE, read_results
 from lmk.sweep.eval_stage import run_stage
 from lmk.sweep.jobs import Block, job_id, train_block, zeroshot_block
+from lmk.sweep.publish import publish_rows, push_target
 from lmk.sweep.spec import Row, Scale, SpecError, TableSpec, load_spec, validate_spec
 
 # Each entry point's check before compute, run by the row sweeper on every job before the sweep launches.
@@ -94,6 +95,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="launch rows the non-finite guard stopped again under the same config")
     parser.add_argument("--faults", default=None,
                         help="a fault plan (a name of <spec dir>/faults/ or a YAML path): rehearse a bad day")
+    parser.add_argument("--push-to-hub", type=push_target, default=None, metavar="ORG/PREFIX",
+                        help="once the table is built, push each row to <org>/<prefix>-<row> (HF_TOKEN)")
     return parser
 
 
@@ -201,6 +204,7 @@ def _build_table(sweep: Sweep, started: float, failures: int) -> int:
     minutes = (time.time() - started) / 60
     print(f"[lmk.sweep] table written to {paths['md']} (+ .tex .csv .json .png); commit "
           f"{', '.join(table_commits(table)) or '?'}; wall time {minutes:.1f} min")
+    failures += publish_rows(paths["json"], sweep.args.push_to_hub)
     # fast path: the cost model (mteb's task statistics) loads only after a run
     from lmk.sweep.cost import training_time_report
 

@@ -22,10 +22,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from lmk.model.layouts import STRATEGY_TRAITS, chunked_layout, pack, plain_layout, sentence_layout
-from lmk.model.sentences import DEFAULT_LANGUAGE, DEFAULT_SPLITTER, check_splitter, split_sentences
+from .layouts import STRATEGY_TRAITS, chunked_layout, pack, plain_layout, sentence_layout
+from .sentences import DEFAULT_LANGUAGE, DEFAULT_SPLITTER, check_splitter, split_sentences
 
-STRATEGIES: tuple[str, ...] = tuple(STRATEGY_TRAITS)  # the strategy names (their traits: lmk.model.layouts)
+STRATEGIES: tuple[str, ...] = tuple(STRATEGY_TRAITS)  # the strategy names (their traits: layouts.py)
 
 _CONFIG_KEYS = (
     "strategy",
@@ -98,8 +98,9 @@ class LandmarkTokenizer:
       - ``fixed``: a landmark after every `chunk_size` content tokens, the last chunk included.
       - ``variable``: like fixed, but with ``train=True`` each text draws its own chunk size from
         `train_chunk_sizes` (seeded generator owned here; `reseed`; inside DataLoader workers it is
-        re-derived from `seed` and torch's per-worker seed); ``train=False`` uses `chunk_size`.
-      - ``sentence``: a landmark after each piece of `sentence_splitter` for `language` (lmk.model.sentences;
+        re-derived from `seed` and torch's per-worker seed); ``train=False`` uses `chunk_size`. Only this
+        strategy draws: every other one trains with `chunk_size`, and reports `train_chunk_sizes` as (chunk_size,).
+      - ``sentence``: a landmark after each piece of `sentence_splitter` for `language` (sentences.py;
         an empty piece, from a blank line, still gets one), each piece tokenized on its own. With
         `max_sentence_tokens` set, a longer piece also gets a landmark after every that many tokens of it
         (None: never cut, as the authors). At inference (``train=False``) a split that keeps under 90% of
@@ -110,7 +111,8 @@ class LandmarkTokenizer:
         with the SEP (the authors' eval script).
 
     Every strategy tokenizes with special-token splitting on: "[SEP]" written in a text stays text and can
-    never inject a landmark, CLS or padding id into its row.
+    never inject a landmark, CLS or padding id into its row. `prefix_dir` (not a setting: where files are) is the
+    folder of the koehn splitter's non-breaking prefix files; None reads the sentence-splitter package's.
     """
 
     def __init__(
@@ -124,18 +126,22 @@ class LandmarkTokenizer:
         language: str = DEFAULT_LANGUAGE,
         sentence_splitter: str = DEFAULT_SPLITTER,
         max_sentence_tokens: int | None = None,
+        prefix_dir: str | None = None,
     ) -> None:
         if strategy not in STRATEGIES:
             raise ValueError(f"unknown landmark strategy {strategy!r}; allowed: {', '.join(STRATEGIES)}")
         self._strategy = strategy
         self._chunk_size = _check_positive_int("chunk_size", chunk_size)
         self._train_chunk_sizes = _check_chunk_sizes(train_chunk_sizes)
+        if strategy != "variable":  # no draw: training uses chunk_size, whatever the list says
+            self._train_chunk_sizes = (self._chunk_size,)
         self._max_length = _check_max_length(max_length)
         self._seed = _check_positive_int("seed", seed, minimum=0)
         if not isinstance(language, str) or not language:
             raise ValueError(f"language must be a language code such as 'en', got {language!r}")
         if strategy == "sentence":  # other strategies never split, so any splitter/language pair is fine
-            check_splitter(sentence_splitter, language)
+            check_splitter(sentence_splitter, language, prefix_dir)
+        self._prefix_dir = None if prefix_dir is None else str(prefix_dir)
         self._language = language
         self._splitter = sentence_splitter
         self._max_sentence_tokens = (
@@ -199,6 +205,10 @@ class LandmarkTokenizer:
         return self._max_sentence_tokens
 
     @property
+    def prefix_dir(self) -> str | None:
+        return self._prefix_dir
+
+    @property
     def landmark_id(self) -> int:
         return self._landmark_id
 
@@ -230,13 +240,13 @@ class LandmarkTokenizer:
         }
 
     @classmethod
-    def from_config(cls, tokenizer: Any, cfg: Mapping[str, Any]) -> LandmarkTokenizer:
+    def from_config(cls, tokenizer: Any, cfg: Mapping[str, Any], prefix_dir: str | None = None) -> LandmarkTokenizer:
         unknown = sorted(set(cfg) - set(_CONFIG_KEYS))
         if unknown:
             raise ValueError(
                 f"unknown LandmarkTokenizer config keys {unknown}; allowed: {', '.join(_CONFIG_KEYS)}"
             )
-        return cls(tokenizer, **dict(cfg))
+        return cls(tokenizer, **dict(cfg), prefix_dir=prefix_dir)
 
     def reseed(self, seed: int) -> None:
         """Restart the chunk-size generator of the `variable` strategy from `seed`."""
@@ -316,7 +326,7 @@ class LandmarkTokenizer:
         return flat, lengths
 
     def _split(self, text: str, train: bool) -> list[str]:
-        pieces = split_sentences(text, self._language, self._splitter)
+        pieces = split_sentences(text, self._language, self._splitter, self._prefix_dir)
         if not train and pieces:
             whole = text.strip()
             if len(" ".join(pieces)) < _MIN_SPLIT_KEPT * len(whole):

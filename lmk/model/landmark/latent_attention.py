@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lmk.model.pooling.base import Pooler, masked_mean, register_pooler
+from .poolers import Pooler, masked_mean, register_pooler
 
 
 @register_pooler

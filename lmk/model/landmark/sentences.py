@@ -3,8 +3,8 @@
 Three splitters, chosen by ``PoolingConfig.sentence_splitter``:
 
 - ``koehn`` (default, the authors' English splitter): the `sentence-splitter` package's rules (Koehn &
-  Schroeder's heuristic with per-language non-breaking prefixes), run by lmk.model.koehn with the same output. It strips the text, collapses runs of spaces and
-  breaks at every newline, so a blank line gives an empty piece (which still gets its landmark). Pieces
+  Schroeder's heuristic with per-language non-breaking prefixes), run by `koehn.py` with the same output. It strips the text, collapses runs of
+  spaces and breaks at every newline, so a blank line gives an empty piece (which still gets its landmark). Pieces
   carry no surrounding whitespace, as in the authors' code.
 - ``multilingual`` (the authors' multilingual splitter): spaCy's ``xx_sent_ud_sm`` where spaCy and that
   model are installed; otherwise (offline machines: the model is not on PyPI) sentencex for `language`,
@@ -20,14 +20,37 @@ import logging
 from collections.abc import Sequence
 from functools import lru_cache
 
-from sentencex import segment
+from .koehn import languages as koehn_languages
+from .koehn import splitter as koehn_splitter
 
-from lmk.config.model import DEFAULT_LANGUAGE, DEFAULT_SPLITTER, SPLITTERS, check_splitter, koehn_languages  # noqa: F401
-from lmk.model import koehn
+try:
+    from sentencex import segment
+except ImportError:  # only the sentencex splitters need it: an export with another one loads without the package
+    segment = None
 
+# The splitters of the `sentence` strategy (lmk.config reads these literals from this source, torch-free).
+SPLITTERS = ("koehn", "multilingual", "sentencex")
+DEFAULT_LANGUAGE = "en"
+DEFAULT_SPLITTER = "koehn"
 SPACY_MODEL = "xx_sent_ud_sm"
 
 log = logging.getLogger(__name__)
+
+
+def check_splitter(splitter: str, language: str, prefix_dir: str | None = None) -> None:
+    """Raise a ValueError naming the fix when `splitter` cannot split `language` (koehn: with the prefix files of
+    `prefix_dir`, default the sentence-splitter package's)."""
+    if splitter not in SPLITTERS:
+        raise ValueError(f"unknown sentence splitter {splitter!r}; allowed: {', '.join(SPLITTERS)}")
+    if not isinstance(language, str) or not language:
+        raise ValueError(f"language must be a language code such as 'en', got {language!r}")
+    if splitter == "koehn" and language not in koehn_languages(prefix_dir):
+        raise ValueError(
+            f"the koehn sentence splitter has no rules for language {language!r}; allowed: "
+            f"{', '.join(koehn_languages(prefix_dir))}; for other languages use sentence_splitter: multilingual"
+        )
+    if splitter != "koehn" and segment is None:
+        raise ModuleNotFoundError(f"the {splitter} sentence splitter needs the sentencex package: pip install sentencex")
 
 
 def _sentencex(text: str, language: str) -> list[str]:
@@ -77,23 +100,25 @@ def _multilingual(text: str, language: str) -> list[str]:
 
 
 def split_sentences(
-    text: str, language: str = DEFAULT_LANGUAGE, splitter: str = DEFAULT_SPLITTER
+    text: str, language: str = DEFAULT_LANGUAGE, splitter: str = DEFAULT_SPLITTER, prefix_dir: str | None = None
 ) -> list[str]:
-    """Split `text` into sentence pieces with `splitter`; [] for an empty or blank text."""
+    """Split `text` into sentence pieces with `splitter`; [] for an empty or blank text. `prefix_dir`: where the koehn
+    splitter's non-breaking prefix files are (an export's copy; default: the sentence-splitter package)."""
     if not isinstance(text, str):
         raise ValueError(f"split_sentences expects a str, got {type(text).__name__}")
-    check_splitter(splitter, language)
+    check_splitter(splitter, language, prefix_dir)
     if not text.strip():
         return []
     if splitter == "koehn":
-        return koehn.splitter(language)(text)
+        return koehn_splitter(language, prefix_dir)(text)
     if splitter == "multilingual":
         return _multilingual(text, language)
     return _sentencex(text, language)
 
 
 def split_batch(
-    texts: Sequence[str], language: str = DEFAULT_LANGUAGE, splitter: str = DEFAULT_SPLITTER
+    texts: Sequence[str], language: str = DEFAULT_LANGUAGE, splitter: str = DEFAULT_SPLITTER,
+    prefix_dir: str | None = None,
 ) -> list[list[str]]:
     """`split_sentences` for each text of a batch."""
-    return [split_sentences(t, language, splitter) for t in texts]
+    return [split_sentences(t, language, splitter, prefix_dir) for t in texts]

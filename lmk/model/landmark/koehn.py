@@ -6,6 +6,10 @@ quarter of the encode of a 2-layer model in `make bench`). This is the same algo
 patterns compiled once, the per-word tests run only for words that end in a period (the only words the package's
 first test can match: its pattern ends in `(\\.+)$`, and `$` also matches before a final newline), and the text rebuilt with one join. Its output equals the
 package's for every text: `tests/test_sentences.py` compares the two on corpora and on generated texts.
+
+The non-breaking prefixes are the package's files (LGPL-3.0, from Moses / Lingua::Sentence): read from the package,
+or from a folder holding copies of them (an exported model carries the file of its language, so that it splits
+without the package installed).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import cache
 from importlib import resources
+from pathlib import Path
 
 import regex
 
@@ -39,9 +44,33 @@ _SQUEEZE, _LEAD, _TRAIL = regex.compile(" +"), regex.compile("\n "), regex.compi
 DEFAULT, NUMERIC_ONLY = 1, 2  # kinds of non-breaking prefix
 
 
-def non_breaking_prefixes(language: str) -> dict[str, int]:
-    """The package's non-breaking prefixes for `language`: prefix -> DEFAULT or NUMERIC_ONLY (its file format)."""
-    path = resources.files("sentence_splitter").joinpath("non_breaking_prefixes", f"{language}.txt")
+def prefix_file(language: str, folder: str | None = None) -> Path:
+    """The non-breaking prefix file of `language`: in `folder` when given, else in the `sentence-splitter` package."""
+    if folder is not None:
+        return Path(folder) / f"{language}.txt"
+    try:
+        package = resources.files("sentence_splitter")
+    except ModuleNotFoundError as err:
+        raise ModuleNotFoundError(
+            "the koehn sentence splitter reads the non-breaking prefixes of the `sentence-splitter` package: "
+            "pip install sentence-splitter (an exported model carries its own copy in non_breaking_prefixes/)"
+        ) from err
+    return Path(str(package.joinpath("non_breaking_prefixes", f"{language}.txt")))
+
+
+@cache
+def languages(folder: str | None = None) -> tuple[str, ...]:
+    """The languages whose prefix files are in `folder` (default: the package), as ISO 639-1 codes."""
+    found = prefix_file("en", folder).parent
+    return tuple(sorted(p.name.removesuffix(".txt") for p in found.glob("*.txt"))) if found.is_dir() else ()
+
+
+def non_breaking_prefixes(language: str, folder: str | None = None) -> dict[str, int]:
+    """The non-breaking prefixes of `language`: prefix -> DEFAULT or NUMERIC_ONLY (the package's file format)."""
+    path = prefix_file(language, folder)
+    if not path.is_file():
+        raise ValueError(f"the koehn sentence splitter has no rules for language {language!r} ({path} is missing); "
+                         f"allowed: {', '.join(languages(folder))}")
     prefixes: dict[str, int] = {}
     with path.open("r", encoding="utf-8") as file:
         lines = file.readlines()  # as the package reads it
@@ -85,7 +114,7 @@ def split(text: str, prefixes: dict[str, int]) -> list[str]:
 
 
 @cache
-def splitter(language: str) -> Callable[[str], list[str]]:
-    """The splitter of `language` (prefixes read once)."""
-    prefixes = non_breaking_prefixes(language)
+def splitter(language: str, folder: str | None = None) -> Callable[[str], list[str]]:
+    """The splitter of `language` (prefixes read once), with the prefix files of `folder` (default: the package)."""
+    prefixes = non_breaking_prefixes(language, folder)
     return lambda text: split(text, prefixes)

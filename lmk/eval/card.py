@@ -1,0 +1,216 @@
+"""The model card (README.md) of a published LMK model, generated from its run: what LMK is, the pooling and chunk
+size, the base model, the training data and its fingerprint, the training config, the Table 2 row with its
+provenance, the mteb results, how to load the model with sentence-transformers and with mteb, and the paper.
+
+The metadata block is the hub's (`huggingface_hub.ModelCardData`): `library_name: sentence-transformers`, tags
+`sentence-transformers` and `mteb`, `base_model`, `datasets`, `license`, and a `model-index` of the mteb scores.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import mteb
+import yaml
+from huggingface_hub import EvalResult, ModelCardData
+
+from lmk.eval.mteb_model import PAPER
+from lmk.model.export import needed_packages
+
+if TYPE_CHECKING:
+    from mteb.models.model_meta import ModelMeta
+    from mteb.results import TaskResult
+
+    from lmk.model.embedding import EmbeddingModel
+
+@dataclass
+class TableRow:
+    """One row of a built table (its `<name>.json`): the cells (column label, value x100, ...) and where the table
+    came from (its provenance lines)."""
+
+    table: Path
+    spec: str
+    scale: str
+    row: str
+    label: str
+    cells: list[dict[str, Any]]
+    provenance: list[str] = field(default_factory=list)
+
+
+TAGS = ["sentence-transformers", "mteb", "sentence-similarity", "feature-extraction", "lmk", "landmark-pooling"]
+
+
+def _dataset(task: str) -> str:
+    """The hub dataset of an mteb task; lmk's local tasks (regenerated, not on the hub) are named lmk/<task>."""
+    try:
+        return str(mteb.get_task(task).metadata.dataset["path"])
+    except (KeyError, ValueError):
+        return f"lmk/{task}"
+
+
+def eval_results(task_results: list[TaskResult]) -> list[EvalResult]:
+    """One model-index entry per (task, split, subset): its main score, as mteb reports it."""
+    entries = []
+    for result in task_results:
+        for split, scores in sorted(result.scores.items()):
+            for subset in scores:
+                entries.append(EvalResult(
+                    task_type="text-retrieval", task_name="Retrieval", dataset_type=_dataset(result.task_name),
+                    dataset_name=f"MTEB {result.task_name} ({subset.get('hf_subset', 'default')})",
+                    dataset_split=split, dataset_revision=result.dataset_revision, dataset_config=subset.get(
+                        "hf_subset", "default"), metric_type="main_score", metric_name="main_score",
+                    metric_value=round(float(subset["main_score"]), 5), source_name="MTEB (lmk)",
+                    source_url="https://github.com/embeddings-benchmark/mteb/"))
+    return entries
+
+
+def _metadata(meta: ModelMeta, results: dict[str, Any], task_results: list[TaskResult]) -> str:
+    hub_sets = [s["path"] for s in (results.get("config") or {}).get("data", {}).get("sources") or []
+                if str(s.get("path", "")).count("/") == 1 and ":" not in str(s.get("path"))]
+    data = ModelCardData(library_name="sentence-transformers", tags=TAGS, license=meta.license,
+                         base_model=meta.adapted_from, datasets=sorted(set(hub_sets)) or None,
+                         pipeline_tag="sentence-similarity", model_name=meta.name,
+                         eval_results=eval_results(task_results) or None)
+    return data.to_yaml().rstrip("\n") + "\n"
+
+
+def _pooling(model: EmbeddingModel) -> str:
+    tok, pool = model.tokenizer, model.pooling_cfg
+    lines = [f"- pooling `{pool.label if pool else '?'}`: strategy `{tok.strategy}`, pooler "
+             f"(pooling mode) `{pool.pooler if pool else type(model.pooler).__name__}`"]
+    if tok.strategy == "none":
+        return "\n".join(lines)
+    if tok.strategy in ("fixed", "variable", "every_k", "multi_cls"):
+        lines.append(f"- chunk size (`landmark_interval`) {tok.chunk_size}" + (
+            f"; in training drawn per text from {list(tok.train_chunk_sizes)} (`train_landmark_interval`)"
+            if tok.strategy == "variable" else ""))
+    if tok.strategy == "sentence":
+        lines.append(f"- a landmark after each sentence of the `{tok.sentence_splitter}` splitter ({tok.language})")
+    lines.append(f"- landmark token (`lmk_token_id`) {tok.landmark_id}, the tokenizer's separator")
+    return "\n".join(lines)
+
+
+def _row(row: TableRow | None) -> str:
+    if row is None:
+        return "No Table 2 was built over this run's sweep, so the card shows no row."
+    labels = [c["column_label"] for c in row.cells]
+    values = [("—" if c["value"] is None else f"{c['value']:.1f}") + ("†" if c.get("significant") else "")
+              for c in row.cells]
+    first = row.cells[0]
+    out = [f"Row **{row.label}** of `{row.spec}` at scale `{row.scale}` (`{row.table.name}`), scores x100; † marks a "
+           "cell that differs from the table's baseline row (paired t-test over queries, p < 0.05):", "",
+           "| " + " | ".join(labels) + " |", "|" + "---:|" * len(labels), "| " + " | ".join(values) + " |", "",
+           f"Run `{first.get('run_dir')}`, git commit `{first.get('git_commit')}`, config hash "
+           f"`{first.get('config_hash')}`."]
+    if row.provenance:
+        out += ["", *row.provenance]
+    return "\n".join(out)
+
+
+def _scores(task_results: list[TaskResult], meta: ModelMeta) -> str:
+    lines = ["| task | split | main score |", "|---|---|---:|"]
+    for result in task_results:
+        for split, scores in sorted(result.scores.items()):
+            for subset in scores:
+                lines.append(f"| {result.task_name} | {split} | {float(subset['main_score']):.5f} |")
+    folder = f"results/{meta.model_name_as_path()}/{meta.revision}/"
+    return "\n".join(lines) + (f"\n\nmteb's `TaskResult` files are in `{folder}` with `model_meta.json` beside them "
+                               "(written by mteb's `ResultCache`: the MTEB results repository's layout).")
+
+
+def _usage(source: str, meta: ModelMeta, model: EmbeddingModel) -> str:
+    q, p = meta.loader_kwargs.get("query_max_length"), meta.loader_kwargs.get("passage_max_length")
+    return f"""With sentence-transformers alone: the folder carries the code of its modules, hence
+`trust_remote_code=True`. Texts are cut to {p} tokens after landmark insertion (`model.max_seq_length`), the length
+the scores above were computed at.
+{needed_packages(model.tokenizer)}
+
+```python
+from sentence_transformers import SentenceTransformer
+
+model = SentenceTransformer("{source}", trust_remote_code=True)
+embeddings = model.encode(["What is landmark pooling?", "Landmarks summarise the chunk before them."])
+print(model.similarity(embeddings, embeddings))   # cosine: the embeddings are L2-normalised
+```
+
+With mteb, by name, as `lmk.evaluate` scored it (queries at {q} tokens, documents at {p}; needs `lmk`):
+
+```python
+import mteb
+from lmk.eval.mteb_model import register
+
+register("{source}")                      # enters it in mteb's model registry
+model = mteb.get_model("{source}")        # the loader lmk.evaluate uses
+results = mteb.evaluate(model, mteb.get_tasks(tasks=["SciFact"]))
+```"""
+
+
+def _what(model: EmbeddingModel) -> str:
+    pool = model.pooling_cfg
+    label = pool.label if pool else model.name
+    kind = "it pools with landmarks" if model.tokenizer.strategy != "none" else \
+        "one of the paper's comparison rows, without landmarks"
+    return (f"This model was fine-tuned and evaluated with `lmk`, which reproduces the paper:\npooling `{label}` "
+            f"({kind}).")
+
+
+def model_card(*, meta: ModelMeta, model: EmbeddingModel, results: dict[str, Any], config: dict[str, Any],
+               row: TableRow | None, task_results: list[TaskResult], source: str) -> str:
+    """The card's text: the metadata block, then the sections of the module doc."""
+    enc = model.encoder_cfg
+    base = meta.adapted_from or (f"`{enc.name}` ({enc.source} encoder)" if enc else "unknown")
+    data = results.get("data") or {}
+    data_lines = "\n".join(f"- `{name}`: {entry.get('rows')} rows from `{entry.get('path')}`"
+                           + (f", {entry.get('skipped')} skipped" if entry.get("skipped") else "")
+                           for name, entry in data.items()) or "- not recorded"
+    fingerprint = results.get("data_fingerprint") or "not recorded"
+    licence = "" if meta.license != "other" else f" (the licence of the base model {base} applies)"
+    return f"""---
+{_metadata(meta, results, task_results)}---
+
+# {meta.name}
+
+**LMK (landmark) pooling** inserts a landmark token after every chunk of a text and embeds the text as the mean
+of the landmark states ([LMK > CLS: Landmark Pooling for Dense Embeddings]({PAPER})).
+{_what(model)}
+
+## Model
+
+{_pooling(model)}
+- base model: {base}; embedding size {meta.embed_dim}, {meta.n_parameters:,} parameters, up to \
+{int(meta.max_tokens or 0)} positions
+- weights fingerprint (the mteb revision) `{meta.revision}`; licence `{meta.license}`{licence}
+
+## Training data
+
+{data_lines}
+
+Data fingerprint `{fingerprint}` (the content hash of the training rows; `lmk/resources/data_fingerprints.json`
+pins the expected ones).
+
+## Training config
+
+```yaml
+{yaml.safe_dump(config, sort_keys=True, default_flow_style=False).strip()}
+```
+
+## Table 2
+
+{_row(row)}
+
+## mteb results
+
+{_scores(task_results, meta)}
+
+## Use
+
+{_usage(source, meta, model)}
+
+## Citation
+
+```bibtex
+{meta.citation}
+```
+"""

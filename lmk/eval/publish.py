@@ -1,0 +1,207 @@
+"""A trained run -> a shareable model folder: the export, a model card generated from the run, and the run's mteb
+results in the results repository's layout; then, when asked, the hub.
+
+    publish(run_dir, out=..., repo_id="org/lmk-fixed-32", private=False, revision=None, table=None)
+
+The folder (`out`, a temporary one when only pushing):
+
+    <export>                          lmk.model.export's layout (the code travels), max_seq_length = the eval length
+    README.md                         the card (lmk.eval.card): metadata (library_name, tags, base_model, datasets,
+                                      license, model-index) and the run's facts
+    results/<org>__<model>/<rev>/     each evaluated task's mteb TaskResult + model_meta.json (mteb's ResultCache)
+
+The Table 2 row comes from the sweep's table (`<sweep>/<table>.json`, found above the run folder, or `table=`):
+its cells under their column names, and the table's provenance lines.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import tempfile
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import yaml
+from mteb.models.model_meta import ModelMeta
+from mteb.results import TaskResult
+
+from lmk.config import UserError
+from lmk.config.model import EncoderConfig
+from lmk.eval.card import TableRow, model_card
+from lmk.eval.mteb_model import FRAMEWORK, PAPER, citation, load_model, n_parameters, save_results
+from lmk.hub.push import Pushed, check_push, push_folder
+from lmk.model.backbone import package_model_path
+from lmk.model.export import export_sentence_transformers
+from lmk.model.loading import load_model as load_run_model
+from lmk.run.results import STATUS_DONE, read_results
+
+log = logging.getLogger(__name__)
+
+# BGE "full data" subsets (data/<subset>-*.parquet) that are MTEB datasets, under their MTEB names
+MTEB_TRAINING_SETS = {"msmarco_passage": "MSMARCO", "nq": "NQ", "hotpotqa": "HotpotQA", "fever": "FEVER",
+                      "fiqa": "FiQA2018", "quora": "QuoraRetrieval", "arguana": "ArguAna", "scifact": "SciFact"}
+CONFIG_SECTIONS = ("encoder", "pooling", "data", "train", "trainer", "seed")  # the training config on the card
+
+
+class PublishError(UserError, ValueError):
+    """A run that cannot be published (not finished, no model, no table row where one was named)."""
+
+
+@dataclass
+class Publication:
+    folder: Path
+    meta: ModelMeta
+    row: TableRow | None
+    pushed: Pushed | None = None
+
+
+def table_row(run_dir: Path, table: str | Path | None = None) -> TableRow | None:
+    """The run's row of the table built over its sweep (`table`, else the first `<name>.json` with cells found in
+    the three folders above the run); None when no table names the run."""
+    candidates = [Path(table)] if table else [p for d in list(run_dir.resolve().parents)[:3] for p in d.glob("*.json")]
+    for path in candidates:
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        if not isinstance(data, dict) or "cells" not in data:
+            continue
+        cells = [c for c in data["cells"] if c.get("block") == "train" and c.get("run_dir")
+                 and Path(c["run_dir"]).resolve() == run_dir.resolve()]
+        if cells:
+            return TableRow(path, str(data.get("spec")), str(data.get("scale")), cells[0]["row"], cells[0]["label"],
+                            cells, list(data.get("provenance") or []))
+    if table:
+        raise PublishError(f"{table} has no row whose run folder is {run_dir}; give the table built over this run's "
+                           "sweep (<sweep>/table2.json), or leave --table out")
+    return None
+
+
+def task_results(run_dir: Path, section: dict[str, Any]) -> list[TaskResult]:
+    """The mteb TaskResult of every task of the run's eval section, from the run's mteb cache."""
+    cache = Path(section.get("cache_dir") or run_dir / "mteb_cache") / "results"
+    model = section["model"].replace("/", "__").replace(" ", "_")
+    found = []
+    for task in section.get("tasks", {}):
+        files = sorted((cache / model / str(section["fingerprint"])).rglob(f"{task}.json"))
+        if not files:
+            raise PublishError(f"{run_dir}: no mteb result for {task} under {cache / model}; rerun its evaluation "
+                               f"(python -m lmk.evaluate model={run_dir})")
+        found.append(TaskResult.from_disk(files[0]))
+    return found
+
+
+def base_model(encoder: EncoderConfig) -> str | None:
+    """The hub id the encoder started from: a hub encoder's model_id, or the id a model package's card names."""
+    if encoder.source == "hub" and encoder.model_id and not Path(encoder.model_id).expanduser().exists():
+        return encoder.model_id
+    if encoder.source == "package" and encoder.package:
+        card = _card_metadata(Path(package_model_path(encoder.package)) / "README.md")
+        if card.get("base_model"):
+            return str(card["base_model"])
+        summary = metadata.metadata(encoder.package.replace("_", "-")).get("Summary") or ""
+        ids = [w.strip(".,") for w in summary.split() if w.count("/") == 1 and not w.startswith("http")]
+        return ids[0] if ids else None
+    return None
+
+
+def _card_metadata(readme: Path) -> dict[str, Any]:
+    text = readme.read_text(encoding="utf-8") if readme.is_file() else ""
+    if not text.startswith("---\n"):
+        return {}
+    return yaml.safe_load(text.split("\n---", 2)[0][4:]) or {}
+
+
+def base_license(encoder: EncoderConfig) -> str:
+    """The weights' licence: a model package's card's; a random init is lmk's own weights (lmk's licence)."""
+    if encoder.source == "package" and encoder.package:
+        found = _card_metadata(Path(package_model_path(encoder.package)) / "README.md").get("license")
+        if found:
+            return str(found)
+    if encoder.source == "random":
+        return str(metadata.metadata("lmk").get("License-Expression") or "apache-2.0").lower()
+    return "other"  # a hub model: the card says its base model's licence applies
+
+
+def training_sets(config: dict[str, Any]) -> tuple[list[str], set[str]]:
+    """(hub dataset ids, MTEB dataset names) of the run's training sources."""
+    hub, mteb_names = [], set()
+    for source in (config.get("data") or {}).get("sources") or []:
+        path = str(source.get("path") or "")
+        if path.count("/") == 1 and not path.startswith((".", "/", "~")) and ":" not in path:
+            hub.append(path)
+            files = str(source.get("data_files") or "")
+            subset = Path(files).name.split("-")[0] if files else ""
+            if subset in MTEB_TRAINING_SETS:
+                mteb_names.add(MTEB_TRAINING_SETS[subset])
+    return sorted(set(hub)), mteb_names
+
+
+def _meta(folder: Path, name: str, model: Any, results: dict[str, Any], license_: str, base: str | None,
+          repo_id: str | None) -> ModelMeta:
+    section = results["eval"]
+    hub, mteb_names = training_sets(results.get("config") or {})
+    return ModelMeta(
+        loader=load_model, loader_kwargs={"query_max_length": section["query_max_length"],
+                                          "passage_max_length": section["passage_max_length"]},
+        name=name, revision=model.fingerprint(), release_date=datetime.date.today().isoformat(), languages=None,
+        n_parameters=n_parameters(folder), memory_usage_mb=round(n_parameters(folder) * 4 / 2**20, 1),
+        max_tokens=float(model.max_positions), embed_dim=model.hidden_size, license=license_, open_weights=True,
+        public_training_code=None, public_training_data=f"https://huggingface.co/datasets/{hub[0]}" if hub else None,
+        framework=FRAMEWORK, reference=f"https://huggingface.co/{repo_id}" if repo_id else PAPER,
+        similarity_fn_name="cosine", use_instructions=False, training_datasets=mteb_names, adapted_from=base,
+        citation=citation(), model_type=["dense"],
+    )
+
+
+def write_folder(run_dir: str | Path, out: str | Path, *, repo_id: str | None = None, table: str | Path | None = None,
+                 license_: str | None = None, base: str | None = None) -> Publication:
+    """Write the publication folder of a finished run (see the module doc); nothing is uploaded."""
+    run_dir, out = Path(run_dir), Path(out)
+    if out.exists() and any(out.iterdir()):
+        raise PublishError(f"--out {out} exists and is not empty (files of another model would be published with "
+                           "this one); give a new folder")
+    results = read_results(run_dir)
+    if results.get("status") != STATUS_DONE or not (results.get("eval") or {}).get("tasks"):
+        raise PublishError(f"{run_dir} is not a finished, evaluated run (results.json status "
+                           f"{results.get('status')!r}); publish a run whose training and evaluation finished")
+    model, _ = load_run_model(run_dir)
+    section = results["eval"]
+    if model.fingerprint() != section.get("fingerprint"):
+        log.warning("%s: the weights (fingerprint %s) are not the ones evaluated (%s)", run_dir, model.fingerprint(),
+                    section.get("fingerprint"))
+    length = min(int(section["passage_max_length"]), model.max_positions)
+    export_sentence_transformers(model, out, max_seq_length=length)
+    encoder = model.encoder_cfg
+    base = base or (base_model(encoder) if encoder else None)
+    license_ = license_ or (base_license(encoder) if encoder else "other")
+    label = "".join(c if c.isalnum() or c in "-_." else "-" for c in model.name)
+    meta = _meta(out, repo_id or f"lmk/{label}", model, results, license_, base, repo_id)
+    results_found = task_results(run_dir, section)
+    save_results(results_found, meta, out)
+    row = table_row(run_dir, table)
+    config = {k: results["config"][k] for k in CONFIG_SECTIONS if k in (results.get("config") or {})}
+    (out / "README.md").write_text(model_card(meta=meta, model=model, results=results, config=config, row=row,
+                                              task_results=results_found, source=repo_id or str(out)))
+    return Publication(out, meta, row)
+
+
+def publish(run_dir: str | Path, *, out: str | Path | None = None, repo_id: str | None = None, private: bool = False,
+            revision: str | None = None, table: str | Path | None = None, license_: str | None = None,
+            base: str | None = None) -> Publication:
+    """Write the folder (into `out`, else a temporary one) and, with `repo_id`, push it to the hub."""
+    if out is None and repo_id is None:
+        raise PublishError("nothing to do: give --out DIR (write the folder) and/or --push-to-hub <org>/<name>")
+    if repo_id:
+        check_push(repo_id)  # no token, offline, a bad id: fail before the model loads
+    with tempfile.TemporaryDirectory(prefix="lmk-publish-") as scratch:
+        pub = write_folder(run_dir, Path(out) if out else Path(scratch) / "model", repo_id=repo_id, table=table,
+                           license_=license_, base=base)
+        if repo_id:
+            pub.pushed = push_folder(pub.folder, repo_id, private=private, revision=revision,
+                                     message=f"Upload {pub.meta.name} (lmk, weights {pub.meta.revision})")
+    return pub
