@@ -4,6 +4,7 @@ torch-free config layer, no cycles), a tree a newcomer reads in a minute, and co
 from __future__ import annotations
 
 import ast
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -84,5 +85,18 @@ def test_the_model_layer_and_the_training_step_load_no_evaluation_stack() -> Non
             "import lmk.train.module\n"
             f"print(sorted({{m.split('.')[0] for m in set(sys.modules) - before}} & set({forbidden!r})))")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    # the last line: importing sentence-transformers under WANDB_MODE=offline prints transformers' banner first
+    assert proc.stdout.strip().splitlines()[-1] == "[]", proc.stdout
+
+
+def test_a_sweep_driver_reads_configs_and_costs_without_the_model_stack() -> None:
+    """The driver processes (the sweep, the rows sweeper, the dry run) read encoder shapes and job costs; they load
+    no sentence-transformers, whose import prints transformers' W&B offline banner on the user's console."""
+    code = ("import sys\n"
+            "import lmk.sweep.cost, lmk.model.shape, lmk.model.backbone, lmk.train.command, lmk.sweep.rows\n"
+            "print(sorted(m for m in ('sentence_transformers', 'mteb', 'lightning') if m in sys.modules))")
+    env = {**os.environ, "WANDB_MODE": "offline"}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip() == "[]", proc.stdout

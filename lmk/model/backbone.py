@@ -17,7 +17,6 @@ from transformers import AutoConfig, AutoModel, AutoTokenizer, PreTrainedModel, 
 from lmk.config.model import EncoderConfig
 from lmk.hub.mirror import resolve_model
 from lmk.hub.offline import hub_offline, is_hub_id
-from lmk.model.long_attention import guard_padded_rows
 
 log = logging.getLogger(__name__)
 
@@ -248,5 +247,9 @@ def load_backbone(encoder_cfg: Any) -> tuple[PreTrainedModel, PreTrainedTokenize
     set_rope(model, cfg.rope, cfg.name)
     if cfg.gradient_checkpointing is True:  # auto: decided by the training job (lmk.train.memory)
         set_checkpointing(model, True)
+    # imported on use: the guard lives in the landmark package (it travels with exports), which loads
+    # sentence-transformers; the config readers here (a sweep driver's cost model) never need it
+    from lmk.model.long_attention import guard_padded_rows
+
     guard_padded_rows(model)  # a bare backbone too (benchmarks, probes): no NaN from a padded row without a key
     return model, tok
