@@ -9,4 +9,5 @@
     callback.py   the Lightning callback (suite during / at the end of training)
     scoring.py    group means, LongEmbed averaging, paired t-tests
     replicas.py   offline replicas of the paper's eval datasets in their hub layout
+    prepared.py   hub tasks' data prepared once (python -m lmk.eval.prepared), read-only in many jobs (hub.prepared)
 """
