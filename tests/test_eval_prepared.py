@@ -138,6 +138,23 @@ def test_a_job_without_its_prepared_data_fails_before_the_model_loads(offline_mi
         prepared.attach(build_tasks(cfg), tmp_path / "p")
 
 
+def test_a_task_whose_data_cannot_load_fails_alone(offline_mirror: Path, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from huggingface_hub import constants
+
+    from lmk.eval.suites import build_tasks
+    from lmk.hub.mirror import mark_started
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))  # nothing of the hub here
+    mark_started(offline_mirror / "datasets" / "mteb" / "scifact", "mteb/scifact", None)  # a download cut short
+    report = prepared.prepare(_suite(offline_mirror), tmp_path / "p")
+    assert report["SciFact"].startswith("failed: ")
+    assert all(report[t].startswith("prepared ") for t in TASKS if t != "SciFact")
+    others = [t for t in build_tasks(_suite(offline_mirror)) if t.metadata.name != "SciFact"]
+    assert len(prepared.attach(others, tmp_path / "p")) == 2  # the jobs of the other tasks read theirs
+    assert not (tmp_path / "p" / "SciFact").exists() or not any((tmp_path / "p" / "SciFact").iterdir())
+
+
 def _evaluate(run: Path, hf_home: Path, mirror: Path, *extra: str, drop_caps: bool = False
               ) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "LMK_HUB"))}

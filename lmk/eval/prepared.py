@@ -180,18 +180,25 @@ def _write(task: AbsTask, folder: Path) -> None:
 
 def prepare(cfg: EvalConfig, root: str | os.PathLike) -> dict[str, str]:
     """Prepare every hub task of suite `cfg` under `root` (the hub mirror must be configured, as in the jobs);
-    returns {task: "prepared <fingerprint>" | "reused <fingerprint>"}. A task already prepared is not loaded."""
+    returns {task: "prepared <fingerprint>" | "reused <fingerprint>" | "failed: <why>"}. A task already prepared
+    is not loaded; a task whose data cannot be loaded (a partial download) fails alone: the jobs of the others
+    run, its own job fails naming why."""
     root = Path(root)
     report: dict[str, str] = {}
     for task in hub_leaves(build_tasks(cfg)):
-        folder = task_folder(root, task)
+        name, folder = task.metadata.name, task_folder(root, task)
         if incomplete(folder) is None:
-            report[task.metadata.name] = f"reused {folder.name}"
+            report[name] = f"reused {folder.name}"
             continue
         folder.parent.mkdir(parents=True, exist_ok=True)
-        _write(task, folder)
-        report[task.metadata.name] = f"prepared {folder.name}"
-        log.info("eval data of %s prepared in %s", task.metadata.name, folder)
+        try:
+            _write(task, folder)
+        except Exception as err:  # any loader error: the other tasks are still prepared
+            report[name] = f"failed: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+            log.error("eval data of %s not prepared: %s", name, report[name], exc_info=True)
+            continue
+        report[name] = f"prepared {folder.name}"
+        log.info("eval data of %s prepared in %s", name, folder)
     return report
 
 
@@ -301,9 +308,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     for task, what in report.items():
         print(f"[lmk.eval.prepared] {task:<28} {what}")
-    print(f"[lmk.eval.prepared] {len(report)} hub tasks in {Path(args.out).resolve()} (jobs: hub.prepared=<it>)",
-          flush=True)
-    return 0
+    failed = [t for t, what in report.items() if what.startswith("failed")]
+    print(f"[lmk.eval.prepared] {len(report)} hub tasks in {Path(args.out).resolve()} (jobs: hub.prepared=<it>)"
+          + (f"; not prepared: {', '.join(failed)}" if failed else ""), flush=True)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
