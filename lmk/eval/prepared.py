@@ -48,8 +48,9 @@ from lmk.eval.suites import build_tasks
 from lmk.eval.tasks import LOCAL_TASKS
 from lmk.hub import mirror
 from lmk.run.files import write_json
+from lmk.run.loggers import quiet_progress_bars
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("lmk.eval.prepared")  # also under `python -m` (not "__main__")
 
 FORMAT = 1  # the folder layout below; a change makes every fingerprint new
 MARKER = ".lmk_prepared.json"
@@ -191,6 +192,7 @@ def prepare(cfg: EvalConfig, root: str | os.PathLike) -> dict[str, str]:
             report[name] = f"reused {folder.name}"
             continue
         folder.parent.mkdir(parents=True, exist_ok=True)
+        log.info("preparing the eval data of %s (fingerprint %s)", name, folder.name)
         try:
             _write(task, folder)
         except Exception as err:  # any loader error: the other tasks are still prepared
@@ -198,7 +200,6 @@ def prepare(cfg: EvalConfig, root: str | os.PathLike) -> dict[str, str]:
             log.error("eval data of %s not prepared: %s", name, report[name], exc_info=True)
             continue
         report[name] = f"prepared {folder.name}"
-        log.info("eval data of %s prepared in %s", name, folder)
     return report
 
 
@@ -298,11 +299,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, help="the folder jobs then read with hub.prepared=<it>")
     parser.add_argument("overrides", nargs="*", help="the jobs' overrides (eval=..., hub.mirror=...)")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    logging.basicConfig(level=logging.WARNING, format="[%(name)s] %(message)s")  # mteb's loaders: per-split chatter
+    log.setLevel(logging.INFO)  # which task is being converted (a paper corpus takes minutes)
     try:
         suite, hub_mirror = compose_eval(args.overrides)
         mirror.configure(hub_mirror)
-        report = prepare(suite, args.out)
+        with quiet_progress_bars():  # datasets' per-split save bars
+            report = prepare(suite, args.out)
     except UserError as err:
         print(f"[lmk.eval.prepared] {err}", file=sys.stderr)
         return 2
