@@ -89,7 +89,12 @@ def test_two_nodes_two_ranks_rehearsed_through_slurm_variables(tmp_path):
     assert codes == [0, 0, 0, 0], "\n".join(o[-2000:] for o in out)
     seen = [re.search(r"rank (\d) of 4: node (\d), local rank (\d)", o).groups() for o in out]
     assert seen == [("0", "0", "0"), ("1", "0", "1"), ("2", "1", "0"), ("3", "1", "1")]
-    assert [o.count("prepare_data (once per job") for o in out] == [1, 0, 0, 0]  # not once per node
+    # every task of the job writes one log file (<run dir>/train.log, the lmk.data chatter goes there only): the
+    # data is prepared once for the job, by global rank 0, not once per node
+    log_text = (run_dir / "train.log").read_text()
+    assert all(f"rank {r} of 4: node {r // 2}" in log_text for r in range(4))  # all four tasks write to it
+    assert log_text.count("prepare_data (once per job") == 1
+    assert "prepare_data (once per job, global rank 0)" in log_text
     assert all("against 16 passages gathered from 4 ranks" in o for o in out)  # 2 x 2 passages x 4 ranks
     res = json.loads((run_dir / "results.json").read_text())
     assert res["status"] == "done" and res["metrics"]["global_step"] == 2

@@ -58,6 +58,9 @@ def test_paper_dry_run_lists_the_eval_jobs(tmp_path: Path) -> None:
     assert len(plan["jobs"]) == len(rows) * 6  # rows x 6 eval groups
     assert f"eval stage: {len(rows) * 6} jobs" in proc.stdout
     assert "cost estimate" in proc.stdout and "GPU-hours" in proc.stdout and "total" in proc.stdout
+    # every job reads the suite's hub datasets prepared once before launch, none converts them itself
+    assert all(f"hub.prepared={out / 'eval-data'}" in job["overrides"] for job in plan["jobs"])
+    assert f"prepared once into {out / 'eval-data'}" in proc.stdout and not (out / "eval-data").exists()
     assert not (out / "train").exists()  # --stage eval: the train stage is not planned
 
 
@@ -137,3 +140,19 @@ def test_eval_stage_offline_from_replicas_in_the_mirror(tmp_path: Path) -> None:
     assert shard["config"]["hub"]["mirror"] == str(mirror) and shard["status"] == "done"
     table = (out / "table2.md").read_text()
     assert "longembed6" in table and "| CLS |" in table
+    # the suite's hub datasets were prepared once, before the jobs, and every job read them from there
+    data = out / "eval-data"
+    assert shard["config"]["hub"]["prepared"] == str(data)
+    assert proc.stdout.count("-m lmk.eval.prepared") == 1 and proc.stdout.count(" prepared ") == 12
+    assert sorted(p.name for p in data.iterdir()) == sorted(ev["tasks"])
+    assert "eval data of 2 hub tasks read from" in (out / "eval" / "cls--beir15" / "evaluate.log").read_text()
+    # a rerun of the stage (one shard failed) converts nothing again: every task reused, the folder unchanged
+    stamp = {p: p.stat().st_mtime_ns for p in data.rglob("*")}
+    update_results(out / "eval" / "cls--coir", status="failed", error="killed")
+    proc = subprocess.run([sys.executable, "-m", "lmk.sweep", str(path), "--scale", "tiny", "--rows", "cls",
+                           "--out", str(out), "--stage", "eval"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=900, env=env)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert proc.stdout.count(" reused ") == 12 and " prepared " not in proc.stdout
+    assert {p: p.stat().st_mtime_ns for p in data.rglob("*")} == stamp
+    assert read_results(out / "eval" / "cls--coir")["status"] == "done"

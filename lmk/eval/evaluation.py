@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from lmk.config import derive_seeds
 from lmk.config.eval import EvalConfig
+from lmk.eval.prepared import attach, reading
 from lmk.eval.runner import run_suite
 from lmk.eval.suites import build_tasks
 from lmk.hub.artifacts import check_available
@@ -59,6 +60,9 @@ def evaluate(cfg: DictConfig, run_dir: str | os.PathLike | None = None, cross_po
 
         with timer.section("tasks"):
             tasks = build_tasks(eval_cfg)  # unknown names / offline hub tasks fail before the model loads
+            prepared_root = (cfg.get("hub") or {}).get("prepared")
+            if prepared_root:
+                attach(tasks, prepared_root)  # data not prepared for a task fails here too
         with timer.section("load_model"):
             seeded = derive_seeds(cfg)  # a null encoder.seed (random init) is the root seed, as in training
             model, info = load_model(cfg.get("model"), seeded.get("encoder"), cfg.get("pooling"), int(cfg.get("seed", 0)))
@@ -81,7 +85,11 @@ def evaluate(cfg: DictConfig, run_dir: str | os.PathLike | None = None, cross_po
             # a trained run's own cache: the fit-end eval of the same weights is reused, not recomputed
             cache_dir = Path(info["run_dir"]) / "mteb_cache" if info.get("run_dir") else run_dir / "mteb_cache"
         loggers = build_logger(cfg.get("logger") or {"name": "none"}, run_dir, resolved)
-        with timer.section("eval"):
+        # hub.prepared: the hub tasks read data prepared once for every job (the sweep's eval stage), so this job
+        # writes no `datasets` cache and takes no lock in a shared folder
+        with timer.section("eval"), reading(tasks, prepared_root) as prepared:
+            if prepared:
+                log.info("eval data of %d hub tasks read from %s", len(prepared), prepared_root)
             section = run_suite(model, eval_cfg, cache_dir, logger=loggers, out_dir=run_dir, tasks=tasks)
         section["cache_dir"] = str(cache_dir)
         update_results(run_dir, status="done", eval=section, timings=dict(timer.timings))

@@ -15,6 +15,11 @@ stage after them, through the same row sweeper and Hydra launcher (SLURM array, 
 
 The shards of a row share the row's mteb cache (`<train run>/mteb_cache`, one file per task), so a shard
 killed half-way resumes from the tasks it finished.
+
+Before any job launches, the suite's hub datasets are prepared once into `<out>/eval-data`
+(`python -m lmk.eval.prepared`, in the scale's environment, as the jobs would load them) and every job reads
+them with `hub.prepared=<it>`: no job converts a corpus or writes and locks a `datasets` cache on the shared
+file system. A rerun finds them prepared (fingerprinted) and converts nothing.
 """
 
 from __future__ import annotations
@@ -29,9 +34,10 @@ from typing import Any
 
 from lmk.config.eval import EvalConfig
 from lmk.eval.scoring import group_scores
+from lmk.eval.tasks import LOCAL_TASKS
 from lmk.run.files import write_json
 from lmk.run.results import STATUS_DONE, read_results, update_results
-from lmk.sweep.jobs import SEP, eval_block, plan_shards, stage_suite
+from lmk.sweep.jobs import SEP, eval_block, plan_shards, stage_overrides, stage_suite
 from lmk.sweep.spec import Scale
 
 log = logging.getLogger(__name__)
@@ -121,6 +127,26 @@ def merge(rows: Sequence[str], train_dir: str | Path, eval_dir: str | Path, suit
     return report
 
 
+PREPARED_DIR = "eval-data"  # under the sweep folder: the suite's hub datasets, prepared once for every job
+
+
+def prepared_data(scale: Scale, suite: EvalConfig, out: Path, hub: Sequence[str], dry_run: bool,
+                  run_block: Any) -> tuple[list[str], int]:
+    """Prepare the suite's hub datasets once, before the jobs (`lmk.eval.prepared` in the scale's environment);
+    returns the hub overrides the jobs then take (`hub.prepared=...`) and the preparation's exit code. A suite of
+    local tasks only needs nothing."""
+    if all(t in LOCAL_TASKS for t in suite.tasks):
+        return list(hub), 0
+    folder = out / PREPARED_DIR
+    overrides = [*hub, f"hub.prepared={folder}"]
+    if dry_run:
+        print(f"[lmk.sweep] eval stage: the suite's hub datasets are prepared once into {folder} before the jobs "
+              "launch; every job reads them (hub.prepared)", flush=True)
+        return overrides, 0
+    cmd = [sys.executable, "-m", "lmk.eval.prepared", "--out", str(folder), *stage_overrides(scale, hub)]
+    return overrides, run_block(cmd, scale.env)
+
+
 def run_stage(scale: Scale, rows: Sequence[str], out: Path, group: str, force: bool, dry_run: bool,
               sweep_command: Any, run_block: Any, hub: Sequence[str] = ()) -> int:
     """The eval stage of a sweep (`scale.eval_stage`): plan (`lmk.sweep.jobs.eval_block`), launch through the
@@ -130,6 +156,7 @@ def run_stage(scale: Scale, rows: Sequence[str], out: Path, group: str, force: b
     train_dir, eval_dir = out / "train", out / "eval"
     eval_dir.mkdir(parents=True, exist_ok=True)
     if dry_run:
+        hub, _ = prepared_data(scale, suite, out, hub, True, run_block)
         block = eval_block(scale, rows, train_dir, hub)
         for job in block.jobs()[:len(shards)]:  # one job per shard validates its suite subset before launch
             EvalConfig.from_cfg(job.compose().eval)
@@ -148,6 +175,11 @@ def run_stage(scale: Scale, rows: Sequence[str], out: Path, group: str, force: b
     block = eval_block(scale, rows, train_dir, hub, fingerprints)
     code = 0
     if block.rows:
+        hub, code = prepared_data(scale, suite, out, hub, False, run_block)
+        if code:  # the jobs of the tasks it could not prepare fail naming why; the others run
+            print(f"[lmk.sweep] eval stage: the eval data of some tasks was not prepared (exit {code}, see above); "
+                  "their jobs will fail naming why, the others run", file=sys.stderr)
+        block = eval_block(scale, rows, train_dir, hub, fingerprints)
         cmd = sweep_command(block, eval_dir, scale, group, force, False)
         code = run_block(cmd, scale.env)
     report = merge(rows, train_dir, eval_dir, suite, shards)
