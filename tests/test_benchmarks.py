@@ -244,7 +244,7 @@ def test_ratio_interval_and_verdicts():
     assert v(("<=", 1.0), 0.9, None, noisy=True) == "inconclusive"
     assert v(("<=", 1.0), 0.9, None, noisy=False) == "PASS"  # deterministic figures: judged on the value
     assert v(None, 0.9, None, noisy=False) == "info"
-    # a goal with an interval bound ("ratio >= 0.9, interval above 0.85", issue 18's pipeline figure)
+    # a goal with an interval bound ("ratio >= 0.9, interval above 0.85", as the encode pipeline's goal reads)
     assert v((">=", 0.9, 0.85), 0.92, (0.88, 0.96), noisy=True) == "PASS"
     assert v((">=", 0.9), 0.92, (0.88, 0.96), noisy=True) == "inconclusive"  # without the bound: whole interval
     assert v((">=", 0.9, 0.85), 0.89, (0.86, 0.92), noisy=True) == "inconclusive"  # the ratio misses the target

@@ -50,7 +50,7 @@ def test_not_detected_outside_submitit_or_under_slurm(task, monkeypatch):
     assert not under_submitit_local() and submitit_rank() is None
 
 
-# ---- two nodes x two ranks on this machine (issue 20, point 7) -----------------------------------------------
+# ---- two nodes x two ranks on this machine ---------------------------------------------------------------
 def test_slurm_task_env_is_what_lightning_reads(monkeypatch):
     from lightning.fabric.plugins.environments import SLURMEnvironment
 
@@ -104,7 +104,7 @@ def test_two_nodes_two_ranks_rehearsed_through_slurm_variables(tmp_path):
 
 @pytest.mark.parametrize(("node", "builds"), [(0, True), (1, False)])
 def test_prepare_data_runs_once_per_job_not_once_per_node(monkeypatch, tmp_path, node, builds):
-    """Issue 20 item 14: local rank 0 of node 1 built the same Arrow copy as node 0 on a shared cache."""
+    """On a shared cache, local rank 0 of node 1 built the same Arrow copy as node 0 on a shared cache."""
     import lightning.pytorch as pl
 
     from lmk.data.datamodule import PairDataModule

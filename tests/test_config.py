@@ -134,7 +134,7 @@ def test_one_seed_derives_every_part_unless_a_part_sets_its_own():
 
 
 def test_half_precision_weights_are_refused_for_training():
-    """Issue 20 item 10: bf16 weights without an fp32 master copy lose most AdamW updates; bf16-mixed is named."""
+    """bf16 weights without an fp32 master copy lose most AdamW updates; bf16-mixed is named."""
     for override, key in (("trainer.precision=bf16-true", "trainer.precision=bf16-true"),
                           ("trainer.precision=16-true", "trainer.precision=16-true"),
                           ("encoder.dtype=bfloat16", "encoder.dtype=bfloat16")):
@@ -144,7 +144,7 @@ def test_half_precision_weights_are_refused_for_training():
 
 
 def test_in_training_eval_under_ddp_is_refused_naming_the_eval_stage():
-    """Issue 20 item 8: rank 0 would run the suite while the other ranks wait at a 30-minute barrier."""
+    """Rank 0 would run the suite while the other ranks wait at a 30-minute barrier."""
     multi = [("trainer=ddp", "eval=beir15"), ("trainer=ddp-multinode", "launcher=submitit_slurm", "eval=local"),
              ("trainer=ddp-cpu", "eval=local", "launcher=submitit_local", "launcher.tasks_per_node=2")]
     for overrides in multi:
@@ -157,7 +157,7 @@ def test_in_training_eval_under_ddp_is_refused_naming_the_eval_stage():
 
 
 def test_wandb_init_timeout_is_wandbs_own_and_offline_never_waits(monkeypatch):
-    """Issue 20 item 13: 5 s sent runs offline on a slow cluster network; W&B's own default is 90 s."""
+    """5 s sent runs offline on a slow cluster network; W&B's own default is 90 s."""
     import wandb
 
     from lmk.run.loggers import resolve_wandb_mode

@@ -209,7 +209,7 @@ def test_read_gpu_check_takes_only_a_gpu_measurement(tmp_path):
 
 
 def test_read_gpu_check_reads_the_encode_pipeline_section(tmp_path):
-    """Issue 18.5: the end-to-end vs forward-only figures of gpu-check's `encode_pipeline` section."""
+    """The end-to-end vs forward-only figures of gpu-check's `encode_pipeline` section."""
     pipeline = {"512": {"end_to_end_tokens_per_s": 9.0e5, "forward_only_tokens_per_s": 1.0e6, "ratio": 0.9},
                 "8192": {"end_to_end_tokens_per_s": 3.0e5, "forward_only_tokens_per_s": 3.2e5, "ratio": 0.94}}
     path = tmp_path / "gpu_check.json"

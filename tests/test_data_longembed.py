@@ -102,7 +102,7 @@ def test_bad_arguments():
         le.generate_passkey(lengths=(0,))
 
 
-# ------------------------------------------------------------------ the LongEmbed protocol (issue 15)
+# ------------------------------------------------------------------ the LongEmbed protocol -----------
 def test_passkey_query_and_shipped_names():
     names = le.load_passkey_names()
     assert len(set(names)) == len(names) >= 800

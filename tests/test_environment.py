@@ -1,4 +1,4 @@
-"""The environment lock (issue 20, item 16): requirements.lock pins every distribution of `.[dev]`, every
+"""The environment lock: requirements.lock pins every distribution of `.[dev]`, every
 install path uses it, and every results.json records its hash."""
 
 from __future__ import annotations

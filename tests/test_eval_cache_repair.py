@@ -1,4 +1,4 @@
-"""A corrupt evaluation cache file (issue 14.5): said, moved aside, and its task recomputed (any overwrite)."""
+"""A corrupt evaluation cache file: said, moved aside, and its task recomputed (any overwrite)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Evaluation as a sweep stage (issue 13.1): shards per (row, eval group) through the row sweeper, merged into
+"""Evaluation as a sweep stage: shards per (row, eval group) through the row sweeper, merged into
 the row's results.json; a failed shard reruns alone, finished ones are skipped."""
 
 from __future__ import annotations

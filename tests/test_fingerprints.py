@@ -1,4 +1,4 @@
-"""The rehearsal reproducible across machines (issue 20, item 16): every generated or replicated data set has
+"""The rehearsal reproducible across machines: every generated or replicated data set has
 a content fingerprint pinned in lmk/resources/data_fingerprints.json, and the table prints what its rows were
 computed from (the lock, the replicas' content)."""
 

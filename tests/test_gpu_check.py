@@ -43,7 +43,7 @@ def test_cpu_smoke_runs_the_rehearsal_step_padded_batches_and_encode(tmp_path, c
     args = ["--cpu-smoke", "--sections", "train_step,padded,encode", "--out", str(tmp_path / "gc")]
     assert gpu_check.main(args) == 0
     report = json.loads(capsys.readouterr().out)
-    # a CPU run never writes where the estimate looks for a measurement (issue 20.11)
+    # a CPU run never writes where the estimate looks for a measurement
     assert report == json.loads((tmp_path / "gc" / "cpu_check.json").read_text())
     assert not (tmp_path / "gc" / "gpu_check.json").exists() and torch.get_num_threads() == threads
     assert torch.are_deterministic_algorithms_enabled() == deterministic  # the Trainer's global setting restored
@@ -54,7 +54,7 @@ def test_cpu_smoke_runs_the_rehearsal_step_padded_batches_and_encode(tmp_path, c
     assert not Path(report["work"]).exists() and not Path(report["work"]).is_relative_to(tmp_path / "gc")
     step = report["train_step"]
     assert report["status"] == "ok" and step["status"] == "ok", step
-    # the paper config's training settings at the rehearsal's sizes (issue 20.15: its determinism setting)
+    # the paper config's training settings at the rehearsal's sizes (its determinism setting included)
     assert step["precision"] == "bf16-mixed" and step["grad_cache"] and step["gradient_checkpointing"]
     assert step["deterministic"] == "warn" and step["passes"] == 5
     assert (step["queries"], step["group_size"], step["query_len"], step["passage_len"]) == (4, 4, 16, 64)
@@ -156,7 +156,7 @@ def test_gpu_check_on_a_gpu(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_cpu_smoke_runs_the_rehearsal_row_and_reruns(tmp_path, capsys):
-    """Issue 20.7: the second run reused the finished rehearsal folder and was refused."""
+    """A second run reused the finished rehearsal folder and was refused."""
     for run in (1, 2):
         assert gpu_check.main(["--cpu-smoke", "--sections", "rehearsal", "--out", str(tmp_path / "gc")]) == 0, run
         row = json.loads(capsys.readouterr().out)["rehearsal"]

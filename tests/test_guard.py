@@ -1,4 +1,4 @@
-"""The non-finite guard (issue 20, point 3): a non-finite loss or gradient norm stops the run at once, naming
+"""The non-finite guard: a non-finite loss or gradient norm stops the run at once, naming
 the step and the batch's samples, keeping the last good checkpoint and recording the cause in results.json."""
 
 from __future__ import annotations
@@ -110,7 +110,7 @@ def test_guard_stops_before_the_step_and_never_saves_nan_weights(tmp_path, grad_
     assert all(torch.isfinite(v).all() for v in saved["state_dict"].values() if v.is_floating_point())
 
 
-# ---- padded batches over sliding-window layers (issue 20 item 9) -------------------------------------------
+# ---- padded batches over sliding-window layers --------------------------------------------------------------
 NAN_SDPA = "lmk_test_keyless_nan_sdpa"
 
 

@@ -299,7 +299,7 @@ class _TeacherLoader:
 
 @pytest.mark.parametrize("grad_cache", [False, True])
 def test_bf16_mixed_with_teacher_scores_and_checkpointing(tmp_path, grad_cache):
-    """Issue 12.1: bf16-mixed + teacher scores crashed at step 1 (bf16 mask, float32 index_put)."""
+    """bf16-mixed + teacher scores crashed at step 1 (bf16 mask, float32 index_put)."""
     from lightning.pytorch.loggers import CSVLogger
 
     pl.seed_everything(0)

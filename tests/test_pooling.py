@@ -181,8 +181,9 @@ def test_bad_input():
 
 @pytest.mark.parametrize("name", sorted(POOLERS))
 def test_pooling_is_fp32_under_bf16_autocast_and_never_reads_padding(name, batch):
-    """Lightning's bf16-mixed autocast covers the training step: pooling must still run in float32 (issue 20,
-    item 12), and a non-finite value at a padded position (a padded row that attended to no key) is never read."""
+    """Lightning's bf16-mixed autocast covers the training step: pooling must still run in float32
+    (bf16 sums lose the landmarks' mean), and a non-finite value at a padded position (a padded row that attended to
+    no key) is never read."""
     x, mask, pool = batch
     p = make(name)
     with torch.no_grad():

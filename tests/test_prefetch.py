@@ -1,5 +1,5 @@
 """Compute nodes without internet: what prefetch lists == what the jobs open; the mirror read offline by
-the real mteb task classes; the check before compute names what is missing (issue 13.3, 12 defect 4)."""
+the real mteb task classes; the check before compute names what is missing."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Checks before launch (issue 14.7): local data paths and eval task names are validated before any model is
+"""Checks before launch: local data paths and eval task names are validated before any model is
 built and before any job of a sweep is launched; the error names the row and the thing."""
 
 from __future__ import annotations

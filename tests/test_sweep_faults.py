@@ -1,4 +1,4 @@
-"""A cluster's bad day (issue 20): rows whose job dies without a Python exception are recorded and the others go
+"""A cluster's bad day: rows whose job dies without a Python exception are recorded and the others go
 on; reruns resume interrupted rows from `last`; locks of dead jobs are judged from the sweep's record; the eval
 stage skips rows whose training did not finish; fault plans fire each fault once."""
 
@@ -46,7 +46,7 @@ def _steps(run_dir: Path) -> list[int]:
 
 @pytest.mark.slow  # four submitit jobs (a Python start each) and submitit's wait for a dead task: about 2 min
 def test_sigkilled_row_is_recorded_others_finish_and_the_rerun_resumes(tmp_path):
-    """The done-when of issue 20: a row's process SIGKILLed from outside under submitit's local executor."""
+    """A row's process SIGKILLed from outside under submitit's local executor."""
     out = tmp_path / "sweep"
     rows = {"victim": ["pooling=cls"], "other": ["pooling=mean"]}
     # many short steps: the kill lands right after the first checkpoint, long before the end
@@ -263,7 +263,7 @@ def test_a_job_refused_by_a_live_runs_lock_leaves_that_runs_results_alone(tmp_pa
 
 
 @pytest.mark.slow  # five 2-rank submitit jobs, one requeued: about 10 min on 2 busy cores (an uninterrupted run of
-# the same rows logs the same losses at every step: checked by hand, see the closing note of issue 20)
+# the same rows logs the same losses at every step: checked by hand, by comparing the rows' metrics.csv)
 @pytest.mark.timeout(1800)
 def test_fault_plan_under_ddp_kill_timeout_and_stale_lock_then_rerun_resumes(tmp_path):
     plan = tmp_path / "plan.yaml"

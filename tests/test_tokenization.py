@@ -468,7 +468,7 @@ def test_tokenizer_without_separator_or_leading_token(bos_eos_tokenizer):
         LandmarkTokenizer(no_cls)
 
 
-# ------------------------------------------------------------------ the authors' layouts (issue 15)
+# ------------------------------------------------------------------ the authors' layouts ------------
 TEN = "one two three four five six seven eight nine ten"
 
 
