@@ -185,3 +185,21 @@ def test_a_lock_of_another_users_job_is_unknown_never_dead():
     while slurm_job(job, "root").verdict != "dead" and time.time() < deadline:
         time.sleep(1)
     assert slurm_job(job, "root").verdict == "dead"  # over: the scheduler says how it ended
+
+
+def test_a_submission_the_scheduler_refuses_is_one_line_naming_the_fix(tmp_path):
+    """A GPU request on a partition without GPUs: sbatch refuses the array, nothing is queued, and the user reads
+    what was asked for and the override that fixes it, not submitit's traceback."""
+    if not _cluster_up():
+        pytest.fail("no idle SLURM cluster here: run `make slurm-up` first")
+    rows = tmp_path / "rows.yaml"
+    rows.write_text("one: [pooling=cls]\n")
+    launch = [a for a in LAUNCH if not a.startswith("launcher.gpus_per_node")] + ["launcher.gpus_per_node=2"]
+    cmd = [sys.executable, "-m", "lmk.train", "-m", "experiment=table2-tiny", "hydra/sweeper=rows",
+           f"hydra.sweeper.rows_file={rows}", f"hydra.sweep.dir={tmp_path / 'sweep'}", "hydra.sweeper.report=null",
+           *launch]
+    proc = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    assert "the scheduler refused the jobs" in proc.stderr and "gpus_per_node=2" in proc.stderr, proc.stderr
+    assert "launcher.gpus_per_node=0" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert not (tmp_path / "sweep" / "one" / "results.json").exists()

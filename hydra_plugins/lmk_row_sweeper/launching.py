@@ -32,6 +32,7 @@ from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import BaseSubmititLauncher
 from omegaconf import OmegaConf
 
+from lmk.config.schema import UserError
 from lmk.run import lock as run_lock
 from lmk.run.scheduler import slurm_job
 
@@ -200,16 +201,32 @@ def launch(launcher: Launcher, job_overrides: Sequence[Sequence[str]], initial_j
         Path(str(launcher.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
         params = []
         for idx, overrides in enumerate(job_overrides, start=initial_job_idx):
-            log.info("\t#%d : %s", idx, " ".join(filter_overrides(overrides)))
+            log.debug("\t#%d : %s", idx, " ".join(filter_overrides(overrides)))  # the row lines say it
             params.append((list(overrides), "hydra.sweep.dir", idx, f"job_id_for_{idx}", Singleton.get_state()))
         dirs = {idx: d for idx, d in enumerate(job_dirs or [], start=initial_job_idx)}
-        jobs = executor.map_array(ResumableTask(launcher, dirs), *zip(*params, strict=True))
+        try:
+            jobs = executor.map_array(ResumableTask(launcher, dirs), *zip(*params, strict=True))
+        except submitit.core.utils.FailedJobError as err:
+            raise refused_submission(launcher, err) from err
         if on_queued is not None:
             on_queued([queued_record(launcher, j) for j in jobs])
     old = [_reattached(launcher, r) for r in reattach]
     every = [*zip(jobs, job_overrides, strict=True), *zip(old, [r["overrides"] for r in reattach], strict=True)]
     wait_all([job for job, _ in every])
     return [_outcome(job, overrides) for job, overrides in every]
+
+
+def refused_submission(launcher: Launcher, err: Exception) -> UserError:
+    """The scheduler refused the submission (sbatch's error, for example a GPU request on a partition without
+    GPUs): nothing was queued; name what was asked for, so the fix is one override."""
+    lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
+    why = next((ln for ln in lines if "error" in ln.lower()), lines[0] if lines else "no reason given")
+    asked = {k: launcher.config.hydra.launcher.get(k) for k in ("partition", "nodes", "tasks_per_node",
+                                                                "gpus_per_node", "cpus_per_task", "timeout_min")}
+    wanted = ", ".join(f"{k}={v}" for k, v in asked.items() if v is not None)
+    return UserError(f"the scheduler refused the jobs ({why}); asked for {wanted}",
+                     fix="set launcher.* to what the partition has (`sinfo -o '%P %D %c %G'` lists nodes, CPUs "
+                         "and GPUs), e.g. launcher.gpus_per_node=0 on a CPU partition")
 
 
 def _results_written(job: Any) -> bool:
