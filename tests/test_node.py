@@ -105,7 +105,8 @@ def _gpu_check(python: Path, archive: Path, out: Path) -> dict:
 def test_the_node_runs_every_section_with_the_archive_and_the_model_sections_with_the_light_one(tmp_path):
     full, manifest = _archive("full")
     light, light_manifest = _archive("light")
-    assert full.stat().st_size <= 55 * 2**20 and {"mteb", "datasets", "wandb", "hydra-core"} <= set(manifest["packages"])
+    # the size limit is make wheelhouse's refusal at xz -9 (tests/test_wheelhouse.py); this -0 archive is bigger
+    assert {"mteb", "datasets", "wandb", "hydra-core"} <= set(manifest["packages"])
     assert set(light_manifest["packages"]) == {"hydra-core", "omegaconf", "antlr4-python3-runtime", "sentencex",
                                                "sentence-splitter", "platformdirs"}
     node = wheelhouse.read_node([ROOT / f for f in NODE_FILES.split()])

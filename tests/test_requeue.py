@@ -20,6 +20,8 @@ import os, runpy, signal, sys
 import lmk.train.resume
 
 SIGNAL_AT = int(sys.argv.pop(1))
+if os.environ.get("HANDLER_EXIT"):  # the scheduler's handler (submitit's local requeue exits with its own code)
+    signal.signal(signal.SIGUSR2, lambda *_: sys.exit(int(os.environ["HANDLER_EXIT"])))
 
 class Signal(lmk.train.resume.ExactResume):
     def on_before_optimizer_step(self, trainer, *args):
@@ -59,3 +61,16 @@ def test_the_warning_signal_saves_at_the_step_end_and_the_rerun_continues_exactl
     a = torch.load(ref / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)["state_dict"]
     b = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)["state_dict"]
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_the_job_exits_with_the_code_the_schedulers_handler_chose(tmp_path):
+    """submitit's local executor requeues a job only when a task exits with its requeue code: the stop at the
+    step boundary keeps the exit status of the handler it hands over to."""
+    pairs = write_pairs(tmp_path / "pairs.jsonl")
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-c", SIGNALLER, "1", *overrides(run, pairs, *SETUP)]
+    stopped = subprocess.run(cmd, cwd=ROOT, env={**ENV, "HANDLER_EXIT": "173"}, capture_output=True, text=True,
+                             timeout=600)
+    assert stopped.returncode == 173, stopped.stderr[-3000:]
+    res = results(run)
+    assert res["status"] == "interrupted" and res["error"].endswith("; requeued"), res.get("error")

@@ -33,9 +33,13 @@ WAIT_FOR_STOP_S = 120.0  # a non-zero rank's wait for the scheduler to stop the 
 class RequeueRequested(SystemExit):
     """The job stops for a requeue (or at a warning signal with no scheduler to requeue it): not a failure."""
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, code: int | str | None = None) -> None:
         super().__init__(message)
         self.message = message
+        if code is not None:
+            # the exit status the scheduler's handler chose: submitit's local executor requeues a job only when
+            # a task exits with its requeue code
+            self.code = code
 
     def __str__(self) -> str:
         return self.message
@@ -107,8 +111,8 @@ class RequeueOnSignal(pl.Callback):
                 # submitit's handler: requeue + SystemExit (no result is written, the sweep waits for the
                 # requeued job); it raises UncompletedJobError instead when the job timed out too often
                 previous(self._received or self.signum, None)
-            except SystemExit:
-                raise RequeueRequested(f"{message}; requeued") from None
+            except SystemExit as handler_exit:
+                raise RequeueRequested(f"{message}; requeued", code=handler_exit.code) from None
         elif callable(previous):
             time.sleep(WAIT_FOR_STOP_S)  # rank 0's requeue stops every task; exiting first would fail the job
         raise RequeueRequested(message)
