@@ -65,7 +65,7 @@ def console_scripts() -> frozenset[str]:
 
 
 @lru_cache(maxsize=1)
-def test_names() -> frozenset[str]:
+def defined_tests() -> frozenset[str]:
     return frozenset(n for f in (ROOT / "tests").rglob("*.py") for n in re.findall(r"def (test_\w+)", f.read_text()))
 
 
@@ -150,7 +150,8 @@ def _resolves(ref: str) -> bool:
 
 
 def _option_problem(plus: str, key: str, value: str, marked: set[str]) -> str | None:
-    groups = {g: opts | {Path(m).stem for m in marked if m.startswith(f"conf/{g}/")} for g, opts in config_groups().items()}
+    groups = {g: opts | {Path(m).stem for m in marked if m.startswith(f"conf/{g}/")}  # a recipe's new option
+              for g, opts in config_groups().items()}
     if plus or key.split(".")[0] == "hydra":
         return None
     if key in groups:
@@ -176,7 +177,7 @@ def stale_references(text: str, base: Path = ROOT, conf_comment: bool = False) -
     for link in sorted(set(LINK.findall(text))):
         if not re.match(r"\w+:", link) and not _path_exists(link, base):
             problems.append(f"link {link} does not exist (relative to {base.relative_to(ROOT) or '.'})")
-    problems += [f"test {n} is in no file of tests/" for n in sorted(set(TEST_NAME.findall(text)) - test_names())]
+    problems += [f"test {n} is in no file of tests/" for n in sorted(set(TEST_NAME.findall(text)) - defined_tests())]
     for ref in sorted({r.rstrip(".") for r in MODULE.findall(text)}):
         if not _resolves(ref):
             problems.append(f"module path {ref} does not resolve")
