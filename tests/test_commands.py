@@ -155,3 +155,64 @@ def test_make_prefetch_as_typed_fills_a_mirror_from_the_stand_in_hub(tmp_path):
     fetched = [line for line in first.splitlines() if line.startswith("fetched")]
     assert len(fetched) == len(repos) and (mirror / "lmk_manifest.json").is_file(), first[-3000:]
     assert not [line for line in again.splitlines() if line.startswith("fetched")], again[-3000:]
+
+
+# ------------------------------------------------------------------ every command the README shows
+# Run here as typed, placeholders filled (`<run dir>`: a row of the tiny sweep; `<folder>`: a fresh folder), from a
+# fresh folder that sees the checkout's experiments/ (outputs land there, not in the checkout). Slow ones: `make
+# test-slow`.
+SLOW = [pytest.mark.slow, pytest.mark.timeout(1800)]
+RUN_AS_TYPED = {  # command -> (marks, what its output shows when it did its job)
+    "make gpu-check": ([], "CUDA is not available"),  # no CUDA here: it prints its skip and writes nothing
+    "python -m lmk.train experiment=tiny": (SLOW, "`max_steps=3` reached"),
+    "python -m lmk.export <run dir> --out <folder>": (SLOW, "written to"),
+    "python -m lmk.sweep experiments/table2/spec.yaml --scale paper --dry-run": (SLOW, "cost estimate"),
+    "python -m lmk.data.stats local": (SLOW, "local:\n"),
+    "python -m lmk.train -m pooling=lmk-fixed pooling.chunk_size=32,64,128": (SLOW, "Launching 3 jobs"),
+    "python -m lmk.evaluate model=<run dir or export> pooling=mean eval=local": (SLOW, "eval group local-short"),
+}
+# Run as typed by another test of this file (in its fast form), or why the suite cannot run it.
+ELSEWHERE = {
+    "make install": "every test runs in the venv it builds (`make test` depends on it)",
+    "make reproduce-table2": "the tiny_sweep fixture runs its fast form, `make reproduce-table2 SCALE=tiny`",
+    "make table2": "test_make_table2_as_typed_rebuilds_the_table_from_the_results",
+    "make prefetch SCALE=paper MIRROR=<folder>": "test_make_prefetch_as_typed_fills_a_mirror_from_the_stand_in_hub",
+    "make notebooks [SCALE=...]": "test_make_notebooks_as_typed_after_a_sweep",
+    "make test": "the suite itself",
+    "make test-slow": "the suite itself",
+    "make lint": "ruff and the import contracts; tests/test_layers.py runs the contracts in the suite",
+    "make bench": "minutes of benchmarks; tests/test_benchmarks.py runs each section at a small size",
+    "make slurm-up": "needs root and apt; tests/test_local_slurm.py (marker slurm) runs on the cluster it starts",
+    "make test-slurm": "needs root and apt: the slurm-marked tests",
+    "python -m lmk.evaluate model=<hub id or folder> pooling=lmk-fixed eval=beir15":
+        "BEIR-15 comes from the hub; the README's one-minute run evaluates a folder model with the same command",
+}
+
+
+def readme_commands() -> set[str]:
+    """Every `make ...` / `python -m ...` the README shows (code spans and lines of its bash blocks)."""
+    prose = re.sub(r"^```[^\n]*\n.*?^```", "", README, flags=re.S | re.M)
+    lines = [line for block in re.findall(r"^```bash\n(.*?)^```", README, re.S | re.M) for line in block.splitlines()]
+    parts = [p.strip() for s in re.findall(r"`([^`\n]+)`", prose) + lines for p in s.split("#")[0].split("&&")]
+    return {p for p in parts if re.match(r"(make|python -m) ", p)}
+
+
+def test_every_readme_command_runs_here_or_says_why_not():
+    assert readme_commands() == set(RUN_AS_TYPED) | set(ELSEWHERE)
+
+
+@pytest.mark.parametrize("typed", [pytest.param(c, marks=m) for c, (m, _) in RUN_AS_TYPED.items()])
+def test_readme_command_as_typed(typed, request, tmp_path):
+    fill = {"<folder>": str(tmp_path / "folder")}
+    if "<run dir" in typed:
+        fill["<run dir>"] = fill["<run dir or export>"] = str(
+            request.getfixturevalue("tiny_sweep") / "table2" / "tiny" / "train" / "lmk-fixed-32")
+    command = re.sub(r"<[^>]+>", lambda m: fill[m[0]], typed)
+    if command.startswith("make "):
+        proc = make(*command.split()[1:])
+    else:
+        (tmp_path / "experiments").symlink_to(REPO / "experiments")
+        proc = subprocess.run(["bash", "-c", command], cwd=tmp_path, env=user_env(), capture_output=True, text=True,
+                              timeout=1800)
+    assert proc.returncode == 0, f"{command} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    assert RUN_AS_TYPED[typed][1] in proc.stdout + proc.stderr, (proc.stdout + proc.stderr)[-3000:]
