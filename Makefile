@@ -126,7 +126,7 @@ GPU_RUN := python3 -m pip list --format=freeze >$$OUT/node-freeze.txt 2>&1; nvid
 test-node: install
 	WANDB_MODE=disabled $(PY) -m pytest -q -m slow tests/test_node.py
 
-# One rehearsal row as a 2-node x 2-rank SLURM job on this machine (README, "Running at paper scale", step 0).
+# One rehearsal row as a 2-node x 2-rank SLURM job on this machine (docs/paper-scale.md, "Several nodes, rehearsed").
 NODES ?= 2
 rehearse-nodes: install
 	WANDB_MODE=$${WANDB_MODE:-offline} $(PY) -m lmk.run.cluster --nodes $(NODES) --tasks-per-node 2 -- $(PY) -m lmk.train \

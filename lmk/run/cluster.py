@@ -11,8 +11,8 @@ port is derived from the job id, so every task of a job agrees on it without tal
 machine: it starts nodes x tasks_per_node copies of the command, each with the environment SLURM gives a task
 on its node (SLURM_JOB_ID, SLURM_NTASKS, SLURM_NTASKS_PER_NODE, SLURM_JOB_NUM_NODES, SLURM_NODEID,
 SLURM_LOCALID, SLURM_PROCID, a node list that resolves to localhost, MASTER_PORT), so Lightning's own
-SLURMEnvironment reads node rank, local rank and world size as on the cluster (gloo on CPU). See the README,
-"Running at paper scale".
+SLURMEnvironment reads node rank, local rank and world size as on the cluster (gloo on CPU). See docs/paper-scale.md,
+"Several nodes, rehearsed".
 """
 
 from __future__ import annotations
