@@ -14,6 +14,7 @@ import argparse
 from collections.abc import Sequence
 
 from lmk.eval.publish import publish
+from lmk.run.loggers import quiet_progress_bars
 
 
 def parser() -> argparse.ArgumentParser:
@@ -32,8 +33,9 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    pub = publish(args.run_dir, out=args.out, repo_id=args.push_to_hub, private=args.private,
-                  revision=args.revision, table=args.table, license_=args.license, base=args.base_model)
+    with quiet_progress_bars():  # loading and writing one model: seconds, one line of result below
+        pub = publish(args.run_dir, out=args.out, repo_id=args.push_to_hub, private=args.private,
+                      revision=args.revision, table=args.table, license_=args.license, base=args.base_model)
     if args.out:
         print(f"[lmk.export] {pub.meta.name} (weights {pub.meta.revision}) written to {pub.folder}")
     if pub.pushed:
