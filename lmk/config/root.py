@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from omegaconf import OmegaConf, open_dict
 
@@ -19,7 +19,16 @@ from lmk.config.data import DataConfig
 from lmk.config.eval import EvalConfig
 from lmk.config.model import EncoderConfig, PoolingConfig
 from lmk.config.paths import PACKAGE_DIR, repo_root
-from lmk.config.schema import ConfigError, at_least, build_section, choice, get_key, positive, to_container
+from lmk.config.schema import (
+    Coercible,
+    ConfigError,
+    at_least,
+    build_section,
+    choice,
+    get_key,
+    positive,
+    to_container,
+)
 
 PRECISIONS = ("32", "32-true", "64", "64-true", "16", "16-mixed", "bf16", "bf16-mixed", "16-true", "bf16-true",
               "transformer-engine")
@@ -37,8 +46,10 @@ CONF_DIR = (repo_root() or PACKAGE_DIR.parent) / "conf"
 
 # ---- sections owned here -----------------------------------------------------------------------
 @dataclass
-class TrainSection:
+class TrainSection(Coercible):
     """Loss, optimiser and checkpoint settings (`train.*`). The step budget is `trainer.max_steps`."""
+
+    section: ClassVar[str] = "train"
 
     tau: float = 0.02
     lr: float = 2e-5
@@ -243,6 +254,9 @@ def validate(cfg: Any) -> RootConfig:
     this machine (the entry points' preflight does, after this)."""
     plain = to_container(cfg)
     plain.pop("hydra", None)
+    for part in SEEDED_PARTS:  # as `derive_seeds`: the typed sections carry the seeds the run uses
+        if isinstance(plain.get(part), dict) and plain[part].get("seed") is None:
+            plain[part]["seed"] = plain.get("seed", 0)
     local = plain.pop("local", None)
     if local:  # conf/local/*.yaml must be `# @package _global_` (first line) to set real keys
         raise ConfigError(f"local={local!r}: the local config landed under a `local:` key; make "

@@ -24,6 +24,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
 from lmk.config import CKPT_AUTO, CKPT_FRESH, RootConfig, derive_seeds, to_container
+from lmk.data.datamodule import PairDataModule
 from lmk.eval.callback import build_eval_callback
 from lmk.hub.mirror import with_mirrored_sources
 from lmk.model.embedding import EmbeddingModel
@@ -63,15 +64,14 @@ def is_rank_zero() -> bool:
 
 def build_model(cfg: DictConfig, typed: RootConfig) -> EmbeddingModel:
     """The EmbeddingModel of the config, at the training max lengths (data.query/passage_max_length)."""
-    data = cfg.data
-    return EmbeddingModel.build(cfg.encoder, cfg.pooling, query_max_length=int(data.get("query_max_length", 128)),
-                                passage_max_length=int(data.get("passage_max_length", 512)), seed=typed.seed)
+    return EmbeddingModel.build(cfg.encoder, cfg.pooling, query_max_length=typed.data.query_max_length,
+                                passage_max_length=typed.data.passage_max_length, seed=typed.seed)
 
 
-def build_datamodule(cfg: DictConfig, model: Any) -> Any:
-    """`instantiate(cfg.data, tokenizer=model.tokenizer)` (the PairDataModule of lmk.data)."""
+def build_datamodule(typed: RootConfig, model: Any) -> PairDataModule:
+    """The PairDataModule of the validated `data` section, tokenizing with the model's tokenizer."""
     # hub-id sources held by the hub mirror (`hub.mirror`) are read from it (compute nodes without internet)
-    return hydra.utils.instantiate(with_mirrored_sources(cfg.data), tokenizer=model.tokenizer, _convert_="all")
+    return PairDataModule(with_mirrored_sources(typed.data), tokenizer=model.tokenizer)
 
 
 def build_callbacks(typed: RootConfig, run_dir: Path, has_logger: bool, config_hash: str) -> list[Any]:
@@ -216,7 +216,7 @@ def _setup(run: _Run) -> None:
     checkpointing = decide_checkpointing(run.resolved)
     log.info(checkpointing.line)
     run.model = build_model(run.cfg, run.typed)
-    run.datamodule = build_datamodule(run.cfg, run.model)
+    run.datamodule = build_datamodule(run.typed, run.model)
     run.module = build_module(run.typed, run.model, checkpointing.on)
     run.loggers = build_logger(run.typed.logger, run.run_dir, run.resolved, resume=run.point.path is not None)
     if run.rank_zero:
@@ -234,7 +234,7 @@ def _fit(run: _Run) -> float:
     """Lightning's fit (resumed from `run.ckpt`), the final step always checkpointed; returns its seconds."""
     t0 = time.perf_counter()
     with warnings.catch_warnings():
-        if getattr(getattr(run.datamodule, "cfg", None), "streaming", True) is False:
+        if not run.typed.data.streaming:
             # The map-style sampler resumes mid-epoch (lmk.train.resume); Lightning cannot tell and warns it
             # does not. A stream has no position to restore: that warning stays.
             warnings.filterwarnings("ignore", message=".*dataloader is not resumable.*")
