@@ -40,7 +40,7 @@ from lmk.run.loggers import (
     use_hydra_logging,
     wandb_info,
 )
-from lmk.run.results import STATUS_DONE, Timer, config_hash_of, git_commit, read_results, update_results
+from lmk.run.results import STATUS_DONE, Results, Timer, config_hash_of, git_commit, update_results
 from lmk.train.checkpoints import AtomicCheckpointIO, ResumePoint, newest_valid, read_info, resume_point
 from lmk.train.fault_hooks import FaultCallback
 from lmk.train.guard import NonFiniteError, NonFiniteGuard
@@ -161,7 +161,7 @@ def _resume_point(run: _Run) -> ResumePoint:
     old checkpoints aside) and publishes it in the run lock; the other ranks take the same one."""
     typed = run.typed
     if run.rank_zero:
-        start_over = typed.overwrite and read_results(run.run_dir).get("status") == STATUS_DONE
+        start_over = typed.overwrite and Results.read(run.run_dir).status == STATUS_DONE
         point = resume_point(typed.ckpt_path, run.run_dir, run.digest, start_over=start_over)
         run_lock.publish(run.run_dir, resume=str(point.path) if point.path else None)
         return point
@@ -195,13 +195,13 @@ def _start(run: _Run) -> None:
 
 def _interruptions(run_dir: Path, point: ResumePoint) -> dict[str, Any]:
     """A resumed run: what stopped the previous attempt moves to `interruptions` (a finished run shows no error)."""
-    previous = read_results(run_dir)
-    history = list(previous.get("interruptions") or [])
-    status = previous.get("status")
+    previous = Results.read(run_dir)
+    history = list(previous.interruptions)
+    status = previous.status
     if status in ("running", "interrupted", "failed"):
-        error = previous.get("error") or ("stopped without a trace: killed, requeued by the scheduler or its node "
-                                          "lost" if status == "running" else None)
-        history.append({"status": status, "error": error, "at": previous.get("updated_at"),
+        error = previous.error or ("stopped without a trace: killed, requeued by the scheduler or its node "
+                                   "lost" if status == "running" else None)
+        history.append({"status": status, "error": error, "at": previous.updated_at,
                         "resumed_from": str(point.path), "step": point.step,
                         "scheduler_restarts": os.environ.get("SLURM_RESTART_COUNT")})
     return {"error": None, "traceback": None, "interruptions": history} if history else {}
