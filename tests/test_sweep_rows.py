@@ -7,7 +7,8 @@ import socket
 
 import pytest
 
-from lmk.sweep.rows import RowState, decide, recorded_job
+from lmk.run.results import update_results
+from lmk.sweep.rows import RowState, decide, finished_after_all, recorded_job
 
 
 def state(**facts) -> RowState:
@@ -62,3 +63,11 @@ def test_the_recorded_job_is_judged_by_its_scheduler():
     assert recorded_job({**here, "job_id": str(os.getpid())}) == ("alive", "RUNNING")  # its controller lives
     assert recorded_job({**here, "job_id": "999999999"})[0] == "dead"
     assert recorded_job({**here, "host": "elsewhere", "job_id": "5"})[0] == "unknown"
+
+
+def test_a_job_reported_failed_whose_folder_records_it_done_counts_as_finished(tmp_path) -> None:
+    update_results(tmp_path, status="done", config_hash="abc")
+    assert finished_after_all(tmp_path, "abc")
+    assert not finished_after_all(tmp_path, "other")  # done under another config: this job's failure stands
+    update_results(tmp_path, status="failed")
+    assert not finished_after_all(tmp_path, "abc") and not finished_after_all(tmp_path / "none", "abc")

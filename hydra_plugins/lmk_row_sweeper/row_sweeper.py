@@ -41,7 +41,7 @@ from lmk.run.checkpoint_dir import candidates, move_aside
 from lmk.run.cli import error_line
 from lmk.run.console import verbose
 from lmk.run.files import write_json
-from lmk.run.results import STATUS_DONE, config_hash_of, read_results, update_results
+from lmk.run.results import config_hash_of, read_results, update_results
 from lmk.sweep import rows as row_rules
 from lmk.sweep.jobs import job_id, job_overrides
 from lmk.sweep.report import print_line, quiet_launcher, result_line, start_line
@@ -410,9 +410,8 @@ class RowSweeper(Sweeper):
         if isinstance(err, run_lock.RunFolderBusy) or type(err).__name__ == "RunFolderBusy":
             # refused by another run's lock: that run's results.json is not this job's to write
             return {"status": "busy", "error": error_line(err)}
-        own = read_results(job["job_dir"])
-        if own.get("status") == STATUS_DONE and own.get("config_hash") == job["config_hash"]:
-            return {"status": "completed"}  # the run finished (a rank's stale failure): its own record wins
+        if row_rules.finished_after_all(Path(job["job_dir"]), job["config_hash"]):
+            return {"status": "completed"}
         error = error_line(err)
         injected = [f["cause"] for f in faults.fired(job["row"], since) if f.get("row") == job["row"]]
         if injected:

@@ -13,6 +13,9 @@ and asks `decide`; it only adapts the answer to Hydra's launcher. The rules:
 - every other row is **launched**: a finished folder of another config (or any row under `force`) is started
   over, the rest start with `ckpt_path=auto`, the one resume rule every job start applies
   (`lmk.train.checkpoints`), so a requeue by the scheduler resumes the same way as a rerun of the sweep.
+
+After a launch, a job reported failed whose folder records it done under its config counts as finished
+(`finished_after_all`).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from lmk.run import lock as run_lock
-from lmk.run.results import STATUS_DONE
+from lmk.run.results import STATUS_DONE, Results
 from lmk.run.scheduler import slurm_job
 
 STATUS_FILE = "sweep_status.json"  # per block: {job: {status, job_id, scheduler, host, ...}}
@@ -79,6 +82,13 @@ def decide(state: RowState, force: bool = False, retry_nonfinite: bool = False) 
     else:
         why = "resumes from its last checkpoint" if resumes else "new" if not res else "starts over (no checkpoint)"
     return Decision("launch", why, overwrite=status == STATUS_DONE, start_over=force, resumes=resumes)
+
+
+def finished_after_all(job_dir: Path, digest: str) -> bool:
+    """Whether a launched job that reported a failure finished anyway: its folder records it done under this config
+    (a rank's stale failure after rank 0 finished). Its own record then wins over the launcher's report."""
+    results = Results.read(job_dir)
+    return results.status == STATUS_DONE and results.config_hash == digest
 
 
 def busy_message(state: RowState) -> str:
