@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 
 import pytest
 
-from lmk.run.results import update_results
+from lmk.run.results import Results, update_results
 from lmk.sweep.rows import RowState, decide, finished_after_all, recorded_job
 
 
 def state(**facts) -> RowState:
     base = {"job": "r", "digest": "abc", "results": {}, "record": {}, "lock": "free", "lock_owner": None,
             "recorded_job": "none", "recorded_state": None, "has_checkpoints": False}
-    return RowState(**{**base, **facts})
+    facts = {**base, **facts}
+    results = facts["results"]
+    return RowState(**{**facts, "results": results if isinstance(results, Results) else Results.from_dict(results)})
 
 
 def test_a_job_the_scheduler_still_holds_is_reattached_never_submitted_again():
@@ -53,7 +56,7 @@ def test_overwrite_force_and_retrying_a_nan():
     nan = state(results={"status": "failed", "config_hash": "abc", "non_finite": {"what": "loss", "step": 1}})
     assert decide(nan, retry_nonfinite=True).action == "launch"
     # under another config the NaN row is simply a new run
-    assert decide(state(results={**nan.results, "config_hash": "new"})).action == "launch"
+    assert decide(state(results=dataclasses.replace(nan.results, config_hash="new"))).action == "launch"
 
 
 def test_the_recorded_job_is_judged_by_its_scheduler():

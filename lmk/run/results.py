@@ -118,6 +118,11 @@ class Results:
         return cls.from_dict(read_results(run_dir))
 
     @property
+    def is_empty(self) -> bool:
+        """No results.json yet (or an empty one)."""
+        return self == Results()
+
+    @property
     def row_id(self) -> str | None:
         """The table row: the recorded one, else the config's (`++row=...`)."""
         return self.row or self.config.get("row")
