@@ -206,6 +206,7 @@ class _NewSection(Coercible):
     ({"shape": "cosine"}, r"^new\.shape='cosine' is not valid; allowed values: log, linear$"),
     ({"limit": 0}, r"^new\.limit=0 is not valid; allowed values: an integer >= 1 or null$"),
     ({"limit": "x"}, r"^new\.limit='x' is not valid; allowed values: an integer or null$"),
+    ({"steps": "3"}, r"^new\.steps='3' is not valid; allowed values: an integer$"),  # no string read as a number
     ({"stepz": 3}, r"^unknown key new\.stepz \(did you mean 'steps'\?\); allowed keys: limit, rate, shape, steps$"),
 ])
 def test_a_setting_is_one_annotated_line_and_its_errors_are_one_line(given, pattern):
@@ -223,3 +224,5 @@ def test_a_bool_is_not_a_count_and_null_only_where_allowed():
         validate(_compose("data.max_rows=0"))
     with pytest.raises(ConfigError, match=r"^train\.lr=None is not valid; allowed values: a number$"):
         validate(_compose("train.lr=null"))
+    with pytest.raises(ConfigError, match=r"^encoder\.rope='no' is not valid; allowed values: true, false$"):
+        validate(_compose("encoder.rope='no'"))  # no word read as a bool

@@ -152,6 +152,11 @@ def _allowed(hint: Any) -> str:
 
 def _convert(cls: type, values: dict[str, Any], path: str) -> dict[str, Any]:
     """`values` validated and converted by OmegaConf against `cls`'s annotations, Literal choices checked."""
+    for name, value in values.items():  # OmegaConf would read "no" as false and "3" as 3: a string stays a string
+        hint = _typed(_hints(cls)[name])
+        if isinstance(value, str) and ({bool, int, float} & {hint, *typing.get_args(hint)}):
+            raise ConfigError(f"{f'{path}.' if path else ''}{name}={value!r} is not valid; allowed values: "
+                              f"{_allowed(_hints(cls)[name])}")
     try:
         typed = OmegaConf.to_container(OmegaConf.merge(_structured(cls), values))
     except OmegaConfBaseException as err:
