@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar, Literal
 
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException, MissingConfigException
 
 from lmk.config import ConfigError, RootConfig, TrainSection, validate
+from lmk.config.schema import Coercible, above, at_least
 
 CONF = str(Path(__file__).resolve().parents[1] / "conf")
 
@@ -182,3 +185,44 @@ def test_slurm_jobs_are_requeued_after_a_time_limit_with_a_warning_first():
     hl = cfg.hydra.launcher
     assert (hl.max_num_timeout, hl.signal_delay_s) == (3, 120)
     assert hl.tasks_per_node == 4 and cfg.trainer.devices == 4
+
+
+@dataclass
+class _NewSection(Coercible):
+    """A schema as a new section would write it: each setting one annotated line, no checking code."""
+
+    section: ClassVar[str] = "new"
+    steps: int = at_least(1, 2)
+    rate: float = above(0, 0.5)
+    shape: Literal["log", "linear"] = "log"
+    limit: int | None = at_least(1, None)
+
+
+@pytest.mark.parametrize("given, pattern", [
+    ({"steps": 0}, r"^new\.steps=0 is not valid; allowed values: an integer >= 1$"),
+    ({"steps": True}, r"^new\.steps=True is not valid; allowed values: an integer$"),  # a bool is no integer
+    ({"steps": 1.5}, r"^new\.steps=1\.5 is not valid; allowed values: an integer$"),
+    ({"rate": 0}, r"^new\.rate=0\.0 is not valid; allowed values: a number > 0$"),
+    ({"shape": "cosine"}, r"^new\.shape='cosine' is not valid; allowed values: log, linear$"),
+    ({"limit": 0}, r"^new\.limit=0 is not valid; allowed values: an integer >= 1 or null$"),
+    ({"limit": "x"}, r"^new\.limit='x' is not valid; allowed values: an integer or null$"),
+    ({"steps": "3"}, r"^new\.steps='3' is not valid; allowed values: an integer$"),  # no string read as a number
+    ({"stepz": 3}, r"^unknown key new\.stepz \(did you mean 'steps'\?\); allowed keys: limit, rate, shape, steps$"),
+])
+def test_a_setting_is_one_annotated_line_and_its_errors_are_one_line(given, pattern):
+    with pytest.raises(ConfigError, match=pattern):
+        _NewSection.coerce(given)
+    assert _NewSection.coerce({"steps": 3, "rate": 1, "limit": None}) == _NewSection(steps=3, rate=1.0)
+    with pytest.raises(ConfigError, match=r"^new\.steps=0 is not valid"):  # built directly, the bounds hold too
+        _NewSection(steps=0)
+
+
+def test_a_bool_is_not_a_count_and_null_only_where_allowed():
+    with pytest.raises(ConfigError, match=r"^data\.batch_size=True is not valid; allowed values: an integer$"):
+        validate(_compose("data.batch_size=true"))
+    with pytest.raises(ConfigError, match=r"^data\.max_rows=0 is not valid; allowed values: an integer >= 1 or null$"):
+        validate(_compose("data.max_rows=0"))
+    with pytest.raises(ConfigError, match=r"^train\.lr=None is not valid; allowed values: a number$"):
+        validate(_compose("train.lr=null"))
+    with pytest.raises(ConfigError, match=r"^encoder\.rope='no' is not valid; allowed values: true, false$"):
+        validate(_compose("encoder.rope='no'"))  # no word read as a bool

@@ -250,7 +250,7 @@ def test_workers_setting_resolves_and_is_validated():
     assert EvalConfig.from_cfg({"workers": 4, "prefetch": 3}).workers == 4
     with pytest.raises(EvalConfigError, match=r"eval.workers='many': must be auto or an integer >= 0"):
         EvalConfig.from_cfg({"workers": "many"})
-    with pytest.raises(EvalConfigError, match=r"eval.prefetch=0: must be a positive integer"):
+    with pytest.raises(EvalConfigError, match=r"eval.prefetch=0 is not valid; allowed values: an integer >= 1"):
         EvalConfig.from_cfg({"prefetch": 0})
 
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import math
 import os
+import typing
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -12,9 +14,10 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
+from lmk.config import ConfigError, TrainSection
 from lmk.data.datamodule import PairCollator
 from lmk.model.embedding import EmbeddingModel
-from lmk.train.module import ContrastiveModule, warmup_decay
+from lmk.train.module import WARMUP_CURVES, ContrastiveModule, warmup_decay
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -113,8 +116,34 @@ def test_schedule_is_deepspeed_warmup_decay_log_and_linear():
     assert warmup_decay(250, 5000)(4999) == pytest.approx(2 / 4750)
     assert warmup_decay(1, 10, "linear")(2) == pytest.approx(0.5)  # W = max(2, 1)
     assert [warmup_decay(0, 10)(k) for k in (0, 5, 10)] == pytest.approx([1.0, 0.5, 0.0])  # 0: no warm-up
-    with pytest.raises(ValueError, match="allowed values: log, linear"):
-        warmup_decay(4, 12, "cosine")
+    # the schema allows exactly the curves the schedule draws, and refuses any other name before training
+    assert set(typing.get_args(typing.get_type_hints(TrainSection)["warmup_shape"])) == set(WARMUP_CURVES)
+    with pytest.raises(ConfigError, match=r"train\.warmup_shape='cosine'.*allowed values: log, linear"):
+        ContrastiveModule(build_model(TINY, "cls"), warmup_shape="cosine")
+
+
+def test_the_module_takes_the_validated_train_section_as_it_is():
+    section = TrainSection.coerce({"tau": 0.05, "lr": 1e-3, "grad_cache": True})
+    module = ContrastiveModule(build_model(TINY, "cls"), section, max_steps=7)
+    assert module.cfg is section and not module.automatic_optimization
+    with pytest.raises(ConfigError, match=r"unknown key train\.temperature \(did you mean 'teacher_temperature'\?\)"):
+        ContrastiveModule(build_model(TINY, "cls"), temperature=0.1)
+    with pytest.raises(TypeError, match="not both"):
+        ContrastiveModule(build_model(TINY, "cls"), section, tau=0.1)
+
+
+def test_a_checkpoint_loads_back_with_its_train_settings(tmp_path):
+    """The hyperparameters a checkpoint carries are the module's keyword arguments (load_from_checkpoint)."""
+    model = build_model(TINY, "cls")
+    module = ContrastiveModule(model, tau=0.05, lr=1e-3, warmup_steps=0, warmup_shape="linear", max_steps=2)
+    t = trainer(tmp_path, 1)
+    t.fit(module, train_dataloaders=loader(model, n=4))
+    t.save_checkpoint(tmp_path / "last.ckpt")
+    loaded = ContrastiveModule.load_from_checkpoint(tmp_path / "last.ckpt", model=build_model(TINY, "cls"),
+                                                    weights_only=False)
+    assert loaded.cfg == module.cfg and loaded.max_steps == 2
+    for (name, a), b in zip(module.model.state_dict().items(), loaded.model.state_dict().values(), strict=True):
+        torch.testing.assert_close(a, b, msg=name)
 
 
 def _params(module) -> dict[str, torch.Tensor]:
@@ -178,7 +207,7 @@ def test_teacher_scores_change_the_loss():
     plain = eval_loss(module, batch)
     batch["teacher_scores"] = torch.tensor([[0.0, 5.0]]).repeat(4, 1)  # teacher prefers the negative
     assert eval_loss(module, batch) != pytest.approx(plain, rel=1e-4)
-    module.use_teacher_scores = False
+    module.cfg = dataclasses.replace(module.cfg, use_teacher_scores=False)
     assert eval_loss(module, batch) == pytest.approx(plain, rel=1e-6)
 
 

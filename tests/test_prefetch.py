@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from omegaconf import OmegaConf
 
+from lmk.config.data import DataConfig
 from lmk.config.eval import EvalConfig
 from lmk.hub import artifacts, mirror
 from lmk.hub import fetch as hub_fetch
@@ -325,7 +326,7 @@ def test_rewritten_replica_is_never_read_from_a_stale_datasets_cache(tmp_path: P
 
 
 def test_training_data_in_the_mirror_is_read_from_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    data = OmegaConf.load(CONF / "data" / "msmarco-passage.yaml")
+    data = DataConfig.coerce(OmegaConf.load(CONF / "data" / "msmarco-passage.yaml"))
     monkeypatch.setenv("LMK_HUB_MIRROR", str(tmp_path))
     assert mirror.with_mirrored_sources(data).sources[0].path == "cfli/bge-full-data"  # not mirrored: unchanged
     folder = mirror.repo_dir(tmp_path, "dataset", "cfli/bge-full-data") / "data"
@@ -333,6 +334,7 @@ def test_training_data_in_the_mirror_is_read_from_it(tmp_path: Path, monkeypatch
     (folder / "msmarco_passage-00000-of-00001.parquet").write_bytes(b"")
     src = mirror.with_mirrored_sources(data).sources[0]
     assert src.path == str(folder.parent) and src.data_files == "data/msmarco_passage-*.parquet"
+    assert src.name == "msmarco-passage"  # the source keeps its name (results and fingerprints name it)
     assert data.sources[0].path == "cfli/bge-full-data"  # the job's own config is not modified
 
 

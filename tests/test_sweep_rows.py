@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 
 import pytest
 
-from lmk.sweep.rows import RowState, decide, recorded_job
+from lmk.run.results import Results, update_results
+from lmk.sweep.rows import RowState, decide, finished_after_all, recorded_job
 
 
 def state(**facts) -> RowState:
     base = {"job": "r", "digest": "abc", "results": {}, "record": {}, "lock": "free", "lock_owner": None,
             "recorded_job": "none", "recorded_state": None, "has_checkpoints": False}
-    return RowState(**{**base, **facts})
+    facts = {**base, **facts}
+    results = facts["results"]
+    return RowState(**{**facts, "results": results if isinstance(results, Results) else Results.from_dict(results)})
 
 
 def test_a_job_the_scheduler_still_holds_is_reattached_never_submitted_again():
@@ -52,7 +56,7 @@ def test_overwrite_force_and_retrying_a_nan():
     nan = state(results={"status": "failed", "config_hash": "abc", "non_finite": {"what": "loss", "step": 1}})
     assert decide(nan, retry_nonfinite=True).action == "launch"
     # under another config the NaN row is simply a new run
-    assert decide(state(results={**nan.results, "config_hash": "new"})).action == "launch"
+    assert decide(state(results=dataclasses.replace(nan.results, config_hash="new"))).action == "launch"
 
 
 def test_the_recorded_job_is_judged_by_its_scheduler():
@@ -62,3 +66,11 @@ def test_the_recorded_job_is_judged_by_its_scheduler():
     assert recorded_job({**here, "job_id": str(os.getpid())}) == ("alive", "RUNNING")  # its controller lives
     assert recorded_job({**here, "job_id": "999999999"})[0] == "dead"
     assert recorded_job({**here, "host": "elsewhere", "job_id": "5"})[0] == "unknown"
+
+
+def test_a_job_reported_failed_whose_folder_records_it_done_counts_as_finished(tmp_path) -> None:
+    update_results(tmp_path, status="done", config_hash="abc")
+    assert finished_after_all(tmp_path, "abc")
+    assert not finished_after_all(tmp_path, "other")  # done under another config: this job's failure stands
+    update_results(tmp_path, status="failed")
+    assert not finished_after_all(tmp_path, "abc") and not finished_after_all(tmp_path / "none", "abc")

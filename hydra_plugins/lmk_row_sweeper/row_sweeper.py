@@ -41,7 +41,7 @@ from lmk.run.checkpoint_dir import candidates, move_aside
 from lmk.run.cli import error_line
 from lmk.run.console import verbose
 from lmk.run.files import write_json
-from lmk.run.results import STATUS_DONE, config_hash_of, read_results, update_results
+from lmk.run.results import Results, config_hash_of, update_results
 from lmk.sweep import rows as row_rules
 from lmk.sweep.jobs import job_id, job_overrides
 from lmk.sweep.report import print_line, quiet_launcher, result_line, start_line
@@ -218,13 +218,13 @@ class RowSweeper(Sweeper):
                     # a job the time limit would stop before it can finish: refused before anything launches
                     raise ConfigError(f"row {job!r}: {job_report['refusal']}")
                 job_dir = sweep_dir / job
-                previous = read_results(job_dir)
+                previous = Results.read(job_dir)
                 state = row_rules.gather(job, job_dir, digest, previous, record.get(job) or {},
                                          bool(candidates(job_dir)))
                 decision = row_rules.decide(state, self.force, self.retry_nonfinite)
-                if previous and previous.get("config_hash") not in (None, digest) and not self.force:
+                if previous.config_hash not in (None, digest) and not self.force:
                     log.info("row %s: config changed since the last run (%s -> %s), recomputing",
-                             job, previous.get("config_hash"), digest)
+                             job, previous.config_hash, digest)
                 if decision.overwrite and "overwrite" in job_cfg:
                     overrides.append("overwrite=true")  # rerunning a finished folder is this sweep's decision
                 if state.lock == "dead" and not self.dry_run and run_lock.remove_stale(job_dir, state.lock_owner):
@@ -410,9 +410,8 @@ class RowSweeper(Sweeper):
         if isinstance(err, run_lock.RunFolderBusy) or type(err).__name__ == "RunFolderBusy":
             # refused by another run's lock: that run's results.json is not this job's to write
             return {"status": "busy", "error": error_line(err)}
-        own = read_results(job["job_dir"])
-        if own.get("status") == STATUS_DONE and own.get("config_hash") == job["config_hash"]:
-            return {"status": "completed"}  # the run finished (a rank's stale failure): its own record wins
+        if row_rules.finished_after_all(Path(job["job_dir"]), job["config_hash"]):
+            return {"status": "completed"}
         error = error_line(err)
         injected = [f["cause"] for f in faults.fired(job["row"], since) if f.get("row") == job["row"]]
         if injected:

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from lmk.run.results import STATUS_DONE, Results
+
 LENGTH_SPLIT = re.compile(r"(?:^|_)(\d+)$")  # test_256 -> 256 (a subset after "/" is ignored)
 COLUMNS = ["block", "row", "pooling", "task", "length", "query_id", "score", "run_dir"]
 
@@ -41,12 +43,12 @@ def length_scores(sweep_dir: str | Path, blocks: tuple[str, ...] = ("train",)) -
     records = []
     for block in blocks:
         for results_file in sorted((sweep / block).glob("*/results.json")):
-            results = json.loads(results_file.read_text())
-            ref = (results.get("eval") or {}).get("per_query")
-            if results.get("status") != "done" or not ref or not (results_file.parent / ref).is_file():
+            results = Results.from_dict(json.loads(results_file.read_text()))
+            ref = results.eval.per_query
+            if results.status != STATUS_DONE or not ref or not (results_file.parent / ref).is_file():
                 continue
-            config = results.get("config") or {}
-            row = results.get("row") or config.get("row") or results_file.parent.name
+            config = results.config
+            row = results.row_id or results_file.parent.name
             per_query = json.loads((results_file.parent / ref).read_text())
             for task, splits in per_query.items():
                 for split, scores in splits.items():

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from lmk.config.schema import Coercible, ConfigError, plain
+from lmk.config.schema import Coercible, ConfigError, above, at_least, plain
 
 # Named sources: a name that resolves to a BGE-format folder built on first use (lmk.data.pairs.resolve_source).
 # "local" is the offline default training set (lmk.data.offline_pairs); "replica:<name>" a local replica of a
@@ -23,11 +23,6 @@ REPLICAS = ("bge-full-data",)
 def is_named_source(path: str) -> bool:
     """True for `local` and `replica:<name>`: names that resolve to a folder built in the cache."""
     return path == LOCAL_SOURCE or path.startswith(REPLICA_PREFIX)
-
-
-def _check_int(cls: str, key: str, value: Any, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(f"{cls}.{key}={value!r} is not valid; allowed values: an integer >= {minimum}")
 
 
 @dataclass
@@ -50,7 +45,7 @@ class SourceConfig(Coercible):
 
     section: ClassVar[str] = "data.sources"
     path: str = LOCAL_SOURCE
-    weight: float = 1.0
+    weight: float = above(0, 1.0)
     split: str = "train"
     name: str | None = None
     data_files: Any = None
@@ -63,8 +58,7 @@ class SourceConfig(Coercible):
                 f"data.sources.path={self.path!r} is not valid; allowed values: a file path, "
                 f"{LOCAL_SOURCE!r} (offline default set) or a hub id such as 'cfli/bge-full-data'"
             )
-        if isinstance(self.weight, bool) or not isinstance(self.weight, int | float) or not self.weight > 0:
-            raise ConfigError(f"data.sources.weight={self.weight!r} is not valid; allowed values: a number > 0")
+        self.check_fields()
         self.weight = float(self.weight)
         if not isinstance(self.split, str) or not self.split:
             raise ConfigError(f"data.sources.split={self.split!r} is not valid; allowed values: a split name")
@@ -89,18 +83,18 @@ class DataConfig(Coercible):
     section: ClassVar[str] = "data"
     _target_: str = "lmk.data.datamodule.PairDataModule"
     sources: Any = field(default_factory=lambda: [{"path": LOCAL_SOURCE}])
-    group_size: int = 4
-    batch_size: int = 16
-    query_max_length: int = 128
-    passage_max_length: int = 512
-    num_workers: int = 0
-    pin_memory: bool | None = None
-    seed: int | None = 0  # data order and groups; null in a config: the root `seed`
+    group_size: int = at_least(1, 4)
+    batch_size: int = at_least(1, 16)
+    query_max_length: int = at_least(2, 128)
+    passage_max_length: int = at_least(2, 512)
+    num_workers: int = at_least(0, 0)
+    pin_memory: bool | None = None  # null: on when CUDA is available
+    seed: int | None = at_least(0, 0)  # data order and groups; null in a config: the root `seed`
     skip_bad_rows: bool = False
-    max_rows: int | None = None
+    max_rows: int | None = at_least(1, None)
     streaming: bool = False
     drop_last: bool = True
-    shuffle_buffer: int = 10_000
+    shuffle_buffer: int = at_least(1, 10_000)
     cache_dir: str | None = None
 
     def __post_init__(self) -> None:
@@ -116,24 +110,9 @@ class DataConfig(Coercible):
         names = [s.name for s in self.sources]
         if len(set(names)) != len(names):
             raise ConfigError(f"data.sources: duplicate source names {names}; give each a distinct `name`")
-        _check_int("data", "group_size", self.group_size, 1)
-        _check_int("data", "batch_size", self.batch_size, 1)
-        _check_int("data", "query_max_length", self.query_max_length, 2)
-        _check_int("data", "passage_max_length", self.passage_max_length, 2)
-        _check_int("data", "num_workers", self.num_workers, 0)
         if self.seed is None:  # a group file used without lmk.config.derive_seeds (which sets the root seed)
             self.seed = 0
-        _check_int("data", "seed", self.seed, 0)
-        _check_int("data", "shuffle_buffer", self.shuffle_buffer, 1)
-        if self.max_rows is not None:
-            _check_int("data", "max_rows", self.max_rows, 1)
-        for key in ("skip_bad_rows", "streaming", "drop_last"):
-            if not isinstance(getattr(self, key), bool):
-                raise ConfigError(f"data.{key}={getattr(self, key)!r} is not valid; allowed values: true, false")
-        if self.pin_memory is not None and not isinstance(self.pin_memory, bool):
-            raise ConfigError(
-                f"data.pin_memory={self.pin_memory!r} is not valid; allowed values: true, false, null (auto)"
-            )
+        self.check_fields()
         if self._target_ != "lmk.data.datamodule.PairDataModule":
             raise ConfigError(
                 f"data._target_={self._target_!r} is not valid; allowed values: lmk.data.datamodule.PairDataModule"

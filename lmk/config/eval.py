@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
 from lmk.config.device import check_device, check_precision
-from lmk.config.schema import Coercible, ConfigError
+from lmk.config.schema import Coercible, ConfigError, at_least
 
 # The LongEmbed lengths (in "tokens" = words / 0.75) the synthetic tasks are regenerated at (lmk.data.longembed).
 LENGTHS: tuple[int, ...] = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
@@ -37,11 +37,11 @@ class EvalConfig(Coercible):
     groups: dict[str, list[str]] = field(default_factory=dict)
     # per-task mteb filters, e.g. {MultiLongDocRetrieval: {eval_splits: [test], hf_subsets: [en]}}.
     task_options: dict[str, dict[str, Any]] = field(default_factory=dict)
-    query_max_length: int = 512
-    passage_max_length: int = 512
-    batch_size: int = 32
+    query_max_length: int = at_least(1, 512)
+    passage_max_length: int = at_least(1, 512)
+    batch_size: int = at_least(1, 32)
     # Tokens per encode batch, padding counted (rows x longest row); null: batch_size rows per batch.
-    max_tokens_per_batch: int | None = 32768
+    max_tokens_per_batch: int | None = at_least(1, 32768)
     # auto|cpu|cuda|cuda:N (auto: cuda when available) and auto|bf16|fp16|fp32 (auto: bf16 on GPUs, fp32 on
     # CPU). The fit-end eval uses the trainer's device; precision is an autocast, the weights are not cast.
     device: str = "auto"
@@ -49,16 +49,16 @@ class EvalConfig(Coercible):
     # Tokenization processes of the encode pipeline (lmk.model.pipeline): auto (from the cores and the device),
     # or a count, 0 = in the model's thread (debugging); each keeps `prefetch` batches ready.
     workers: Any = "auto"
-    prefetch: int = 2
+    prefetch: int = at_least(1, 2)  # batches each tokenization worker keeps ready
     # Callback schedule: every N optimizer steps (None = only at fit end) and at the end of fit.
-    every_n_steps: int | None = None
+    every_n_steps: int | None = at_least(1, None)
     at_fit_end: bool = True
     # Local tasks: which passkey/needle lengths and how many documents / queries to regenerate.
     lengths: list[int] = field(default_factory=lambda: list(LENGTHS))
-    n_docs: int = 100
-    n_queries: int = 50
-    longdoc_n_docs: int = 100
-    short_n_queries: int = 200
+    n_docs: int = at_least(1, 100)
+    n_queries: int = at_least(1, 50)
+    longdoc_n_docs: int = at_least(1, 100)
+    short_n_queries: int = at_least(1, 200)
     short_n_docs: int | None = None  # None: every held-out docstring is a candidate
     seed: int = 0
     # Folder of the mteb ResultCache; None = <run dir>/mteb_cache.
@@ -78,24 +78,11 @@ class EvalConfig(Coercible):
         self.check()
 
     def check(self) -> None:
-        for key in ("query_max_length", "passage_max_length", "batch_size", "n_docs", "n_queries",
-                    "longdoc_n_docs", "short_n_queries"):
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise EvalConfigError(f"eval.{key}={value!r}: must be a positive integer")
-        if self.max_tokens_per_batch is not None and (
-            isinstance(self.max_tokens_per_batch, bool) or not isinstance(self.max_tokens_per_batch, int)
-            or self.max_tokens_per_batch < 1
-        ):
-            raise EvalConfigError(f"eval.max_tokens_per_batch={self.max_tokens_per_batch!r}: must be a positive "
-                                  "integer (tokens per batch, padding counted) or null (eval.batch_size rows)")
+        self.check_fields()
         if self.workers != "auto" and (isinstance(self.workers, bool) or not isinstance(self.workers, int)
                                        or self.workers < 0):
             raise EvalConfigError(f"eval.workers={self.workers!r}: must be auto or an integer >= 0 (tokenization "
                                   "processes; 0 tokenizes in the model's thread)")
-        if isinstance(self.prefetch, bool) or not isinstance(self.prefetch, int) or self.prefetch < 1:
-            raise EvalConfigError(f"eval.prefetch={self.prefetch!r}: must be a positive integer (batches each "
-                                  "tokenization worker keeps ready)")
         try:
             check_device(self.device, "eval.device")
             check_precision(self.precision, "eval.precision")
@@ -105,13 +92,6 @@ class EvalConfig(Coercible):
                 self.short_n_docs, int) or self.short_n_docs < self.short_n_queries):
             raise EvalConfigError(f"eval.short_n_docs={self.short_n_docs!r}: must be null or an integer "
                                   f">= eval.short_n_queries ({self.short_n_queries})")
-        if self.every_n_steps is not None and (
-            isinstance(self.every_n_steps, bool) or not isinstance(self.every_n_steps, int)
-            or self.every_n_steps < 1
-        ):
-            raise EvalConfigError(
-                f"eval.every_n_steps={self.every_n_steps!r}: must be a positive integer or null (fit end only)"
-            )
         if self.n_queries > self.n_docs:
             raise EvalConfigError(
                 f"eval.n_queries={self.n_queries} > eval.n_docs={self.n_docs}: each passkey/needle query "
@@ -154,7 +134,7 @@ class EvalConfig(Coercible):
                 )
 
         # A subset of the suite (`eval.tasks=[...]`, an eval-stage shard) keeps only its tasks' options; the
-        # option names themselves are checked against mteb's registry before compute (lmk.hub.artifacts.preflight).
+        # option names themselves are checked against mteb's registry before compute (lmk.eval.preflight).
         self.task_options = {t: o for t, o in self.task_options.items() if t in self.tasks}
 
     @property

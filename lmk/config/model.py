@@ -14,7 +14,7 @@ from importlib import resources
 from typing import Any, ClassVar
 
 from lmk.config import registry
-from lmk.config.schema import Coercible, ConfigError, plain
+from lmk.config.schema import Coercible, ConfigError, at_least, plain
 
 # Sentence splitters of the `sentence` strategy, read from their implementation (lmk.model.landmark.sentences)
 DEFAULT_LANGUAGE = registry.literal(registry.SENTENCES_FILE, "DEFAULT_LANGUAGE")
@@ -73,7 +73,7 @@ class EncoderConfig(Coercible):
     architecture: str | None = None
     config_overrides: dict[str, Any] = field(default_factory=dict)
     config: str | None = None
-    max_positions: int = 512
+    max_positions: int = at_least(8, 512)
     attn_implementation: str = "sdpa"
     trust_remote_code: bool = False
     revision: str | None = None
@@ -98,10 +98,7 @@ class EncoderConfig(Coercible):
         if not isinstance(self.gradient_checkpointing, bool) and self.gradient_checkpointing != "auto":
             raise ConfigError(f"{n}.gradient_checkpointing={self.gradient_checkpointing!r} is not valid; allowed values: "
                               "true, false, auto")
-        if not isinstance(self.rope, bool):
-            raise ConfigError(f"{n}.rope={self.rope!r} is not valid; allowed values: true, false")
-        if not isinstance(self.max_positions, int) or self.max_positions < 8:
-            raise ConfigError(f"{n}.max_positions={self.max_positions!r} must be an int >= 8")
+        self.check_fields()
         if self.source == "hub" and not self.model_id:
             raise ConfigError(f"{n}(name={self.name!r}): source=hub needs model_id (a hub id or a local path)")
         if self.source == "package" and not self.package:
@@ -138,12 +135,12 @@ class PoolingConfig(Coercible):
     name: str = "lmk-fixed"
     strategy: str = "fixed"
     pooler: str = "lmk"
-    chunk_size: int = 32
+    chunk_size: int = at_least(1, 32)
     train_chunk_sizes: list[int] = field(default_factory=lambda: [32, 64, 128, 256])
     pooler_kwargs: dict[str, Any] = field(default_factory=dict)
     language: str = "en"
     sentence_splitter: str = "koehn"
-    max_sentence_tokens: int | None = None
+    max_sentence_tokens: int | None = at_least(1, None)  # null: never cut a sentence
     _target_: str | None = None
 
     def __post_init__(self) -> None:
@@ -161,23 +158,13 @@ class PoolingConfig(Coercible):
             raise ConfigError(
                 f"{n}: pooler={self.pooler} needs a strategy that marks pooled positions; allowed: {allowed}"
             )
-        if not isinstance(self.chunk_size, int) or isinstance(self.chunk_size, bool) or self.chunk_size < 1:
-            raise ConfigError(f"{n}.chunk_size={self.chunk_size!r} must be a positive int (e.g. 32, 64, 128)")
+        self.check_fields()
         if not self.train_chunk_sizes or not all(
             isinstance(g, int) and not isinstance(g, bool) and g >= 1 for g in self.train_chunk_sizes
         ):
             raise ConfigError(
                 f"{n}.train_chunk_sizes={self.train_chunk_sizes!r} must be a non-empty list of positive ints "
                 "(e.g. [32, 64, 128, 256])"
-            )
-        if self.max_sentence_tokens is not None and (
-            not isinstance(self.max_sentence_tokens, int)
-            or isinstance(self.max_sentence_tokens, bool)
-            or self.max_sentence_tokens < 1
-        ):
-            raise ConfigError(
-                f"{n}.max_sentence_tokens={self.max_sentence_tokens!r} must be null (never cut a sentence) "
-                "or a positive int"
             )
         if self.strategy == "sentence":
             try:

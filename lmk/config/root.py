@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from omegaconf import OmegaConf, open_dict
 
@@ -19,7 +19,16 @@ from lmk.config.data import DataConfig
 from lmk.config.eval import EvalConfig
 from lmk.config.model import EncoderConfig, PoolingConfig
 from lmk.config.paths import PACKAGE_DIR, repo_root
-from lmk.config.schema import ConfigError, at_least, build_section, choice, get_key, positive, to_container
+from lmk.config.schema import (
+    Coercible,
+    ConfigError,
+    above,
+    at_least,
+    build_section,
+    choice,
+    get_key,
+    to_container,
+)
 
 PRECISIONS = ("32", "32-true", "64", "64-true", "16", "16-mixed", "bf16", "bf16-mixed", "16-true", "bf16-true",
               "transformer-engine")
@@ -37,48 +46,41 @@ CONF_DIR = (repo_root() or PACKAGE_DIR.parent) / "conf"
 
 # ---- sections owned here -----------------------------------------------------------------------
 @dataclass
-class TrainSection:
+class TrainSection(Coercible):
     """Loss, optimiser and checkpoint settings (`train.*`). The step budget is `trainer.max_steps`."""
 
-    tau: float = 0.02
-    lr: float = 2e-5
-    weight_decay: float = 0.0  # the authors never set it (HF TrainingArguments' default)
-    warmup_steps: int = 250
+    section: ClassVar[str] = "train"
+
+    tau: float = above(0, 0.02)
+    lr: float = above(0, 2e-5)
+    weight_decay: float = at_least(0, 0.0)  # the authors never set it (HF TrainingArguments' default)
+    warmup_steps: int = at_least(0, 250)
     # DeepSpeed WarmupDecayLR's warm-up curve (the authors' scheduler; log is its default), then linear decay
     warmup_shape: Literal["log", "linear"] = "log"
     # loss multiplier for backward only (1.0: gradient of the global-batch mean; see docs/method.md)
-    grad_scale: float = 1.0
+    grad_scale: float = above(0, 1.0)
     grad_cache: bool = False
-    grad_cache_chunk: int = 32
+    grad_cache_chunk: int = at_least(1, 32)
     gather_across_devices: bool = True
     in_batch_negatives: bool = True
     use_teacher_scores: bool = True
-    teacher_temperature: float = 1.0
+    teacher_temperature: float = above(0, 1.0)
     # The metric the best checkpoint and the sweep optimise (an eval metric name, or train/loss).
     monitor: str = "train/loss"
     monitor_mode: Literal["min", "max"] = "min"
-    checkpoint_every_n_steps: int = 0  # 0 = only at the end of fit (last.ckpt is always written)
+    checkpoint_every_n_steps: int = at_least(0, 0)  # 0 = only at the end of fit (last.ckpt is always written)
     export: bool = True
-
-    def __post_init__(self) -> None:
-        positive("train.tau", self.tau)
-        positive("train.lr", self.lr)
-        positive("train.teacher_temperature", self.teacher_temperature)
-        positive("train.grad_scale", self.grad_scale)
-        at_least("train.weight_decay", self.weight_decay, 0)
-        at_least("train.warmup_steps", self.warmup_steps, 0)
-        at_least("train.grad_cache_chunk", self.grad_cache_chunk, 1)
-        at_least("train.checkpoint_every_n_steps", self.checkpoint_every_n_steps, 0)
 
 
 @dataclass
-class TrainerSection:
+class TrainerSection(Coercible):
     """The `lightning.pytorch.Trainer` arguments the project uses (a typo is an error, not ignored)."""
 
+    section: ClassVar[str] = "trainer"
     _target_: str = "lightning.pytorch.Trainer"
     accelerator: str = "cpu"
     devices: Any = 1
-    num_nodes: int = 1
+    num_nodes: int = at_least(1, 1)
     strategy: str = "auto"
     precision: Any = "32-true"
     max_steps: int = 5000
@@ -86,10 +88,10 @@ class TrainerSection:
     min_steps: int | None = None
     gradient_clip_val: float | None = 1.0
     gradient_clip_algorithm: Literal["norm", "value"] = "norm"
-    accumulate_grad_batches: int = 1
+    accumulate_grad_batches: int = at_least(1, 1)
     deterministic: Any = True
     benchmark: bool | None = None
-    log_every_n_steps: int = 10
+    log_every_n_steps: int = at_least(1, 10)
     val_check_interval: Any = None
     check_val_every_n_epoch: int | None = 1
     limit_train_batches: Any = None
@@ -106,6 +108,7 @@ class TrainerSection:
     profiler: str | None = None
 
     def __post_init__(self) -> None:
+        self.check_fields()
         if self._target_ != "lightning.pytorch.Trainer":
             raise ConfigError(f"trainer._target_={self._target_!r} is not valid; allowed values: lightning.pytorch.Trainer")
         choice("trainer.accelerator", self.accelerator, ACCELERATORS)
@@ -116,15 +119,13 @@ class TrainerSection:
             raise ConfigError(f"trainer.max_steps={self.max_steps!r} is not valid; allowed values: an int >= 1 (or -1 with max_epochs)")
         if self.max_steps == -1 and not self.max_epochs:
             raise ConfigError("trainer.max_steps=-1 needs trainer.max_epochs (the lr schedule needs a length)")
-        at_least("trainer.num_nodes", self.num_nodes, 1)
-        at_least("trainer.accumulate_grad_batches", self.accumulate_grad_batches, 1)
-        at_least("trainer.log_every_n_steps", self.log_every_n_steps, 1)
 
 
 @dataclass
-class LoggerSection:
+class LoggerSection(Coercible):
     """`logger.*`: W&B (offline fallback, never fatal) + CSV, CSV only, or nothing."""
 
+    section: ClassVar[str] = "logger"
     name: Literal["wandb", "csv", "none"] = "csv"
     project: str = "lmk"
     entity: str | None = None
@@ -136,40 +137,29 @@ class LoggerSection:
     log_model: bool = False
     # Seconds W&B may take to reach its server before the run goes offline: W&B's own default. A busy cluster
     # network can take tens of seconds; where the nodes have no network, WANDB_MODE=offline skips the wait.
-    init_timeout: float = 90.0
+    init_timeout: float = above(0, 90.0)
     csv: bool = True  # also write <run_dir>/metrics.csv (always on for wandb: results never only in W&B)
-
-    def __post_init__(self) -> None:
-        positive("logger.init_timeout", self.init_timeout)
 
 
 @dataclass
-class LauncherSection:
+class LauncherSection(Coercible):
     """`launcher.*`: where jobs run; submitit_slurm feeds these into hydra.launcher."""
 
+    section: ClassVar[str] = "launcher"
     name: Literal["local", "submitit_slurm", "submitit_local"] = "local"
     partition: str | None = None
     account: str | None = None
     qos: str | None = None
-    nodes: int = 1
-    gpus_per_node: int = 1
+    nodes: int = at_least(1, 1)
+    gpus_per_node: int = at_least(0, 1)
     cpus_per_task: int = 8
     mem_gb: int | None = None
-    timeout: int = 240  # minutes
+    timeout: int = at_least(1, 240)  # minutes
     # Memory of one GPU: the dry run compares each job's memory estimate (lmk.sweep.cost) with it; null = no check.
-    gpu_memory_gb: float | None = None
+    gpu_memory_gb: float | None = above(0, None)
     tasks_per_node: int | None = None  # processes per node (submitit); None = gpus_per_node
-    max_requeues: int = 3  # SLURM: time limits a job is requeued after (hydra.launcher.max_num_timeout)
-    signal_delay_s: int = 120  # SLURM: the warning signal before the time limit (a checkpoint is saved then)
-
-    def __post_init__(self) -> None:
-        at_least("launcher.nodes", self.nodes, 1)
-        at_least("launcher.max_requeues", self.max_requeues, 0)
-        at_least("launcher.signal_delay_s", self.signal_delay_s, 1)
-        if self.gpu_memory_gb is not None:
-            positive("launcher.gpu_memory_gb", self.gpu_memory_gb)
-        at_least("launcher.gpus_per_node", self.gpus_per_node, 0)
-        at_least("launcher.timeout", self.timeout, 1)
+    max_requeues: int = at_least(0, 3)  # SLURM: time limits a job is requeued after (hydra.launcher.max_num_timeout)
+    signal_delay_s: int = at_least(1, 120)  # SLURM: the warning signal before the time limit (a checkpoint is saved then)
 
 
 @dataclass
@@ -180,10 +170,10 @@ class HubSection:
 
 
 @dataclass
-class RootConfig:
+class RootConfig(Coercible):
     """The composed `conf/train.yaml` (after `validate`)."""
 
-    seed: int = 0
+    seed: int = at_least(0, 0)
     run_dir: str = "outputs/run"
     ckpt_path: str | None = "auto"  # auto (the resume rule) | null (fresh) | a checkpoint path
     overwrite: bool = False  # start a finished run folder over
@@ -198,10 +188,6 @@ class RootConfig:
     logger: LoggerSection = field(default_factory=LoggerSection)
     launcher: LauncherSection = field(default_factory=LauncherSection)
     hub: HubSection = field(default_factory=HubSection)
-
-    def __post_init__(self) -> None:
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise ConfigError(f"seed={self.seed!r} is not valid; allowed values: an int >= 0")
 
 
 # ---- the groups -------------------------------------------------------------------------------
@@ -243,6 +229,9 @@ def validate(cfg: Any) -> RootConfig:
     this machine (the entry points' preflight does, after this)."""
     plain = to_container(cfg)
     plain.pop("hydra", None)
+    for part in SEEDED_PARTS:  # as `derive_seeds`: the typed sections carry the seeds the run uses
+        if isinstance(plain.get(part), dict) and plain[part].get("seed") is None:
+            plain[part]["seed"] = plain.get("seed", 0)
     local = plain.pop("local", None)
     if local:  # conf/local/*.yaml must be `# @package _global_` (first line) to set real keys
         raise ConfigError(f"local={local!r}: the local config landed under a `local:` key; make "

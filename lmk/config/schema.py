@@ -1,18 +1,23 @@
 """The machinery every config schema shares (torch-free): `ConfigError`, typed building of a dataclass from a
-mapping with unknown keys rejected by name (`build_section`, `Coercible.coerce`), the value checks, and plain
-containers from OmegaConf nodes. A typo fails here, before any compute, naming the key and what is allowed."""
+mapping with unknown keys rejected by name (`build_section`, `Coercible.coerce`): types by OmegaConf's
+structured-config validation, choices from `Literal` annotations, bounds from field metadata (`at_least`,
+`above`); and plain containers from OmegaConf nodes. A typo fails here, before any compute, naming the key, the
+value and what is allowed, in one line."""
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
+import re
 import types
 import typing
 from collections.abc import Mapping
 from typing import Any, ClassVar, Literal, Union
 
 from hydra.errors import CompactHydraException
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 
 class UserError(Exception):
@@ -52,23 +57,6 @@ def choice(key: str, value: Any, allowed: tuple[str, ...]) -> None:
         raise ConfigError(f"{key}={value!r} is not valid; allowed values: {', '.join(map(str, allowed))}")
 
 
-def number(key: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ConfigError(f"{key}={value!r} is not valid; allowed values: a number")
-
-
-def positive(key: str, value: Any) -> None:
-    number(key, value)
-    if not value > 0:
-        raise ConfigError(f"{key}={value!r} is not valid; allowed values: a number > 0")
-
-
-def at_least(key: str, value: Any, minimum: int) -> None:
-    number(key, value)
-    if value < minimum:
-        raise ConfigError(f"{key}={value!r} is not valid; allowed values: >= {minimum}")
-
-
 def unknown_keys(path: str, keys: set[str], known: set[str]) -> None:
     unknown = sorted(keys - known)
     if not unknown:
@@ -80,63 +68,120 @@ def unknown_keys(path: str, keys: set[str], known: set[str]) -> None:
     raise ConfigError(f"unknown key {where}{key}{hint}; allowed keys: {', '.join(sorted(known))}")
 
 
-def check_type(key: str, value: Any, hint: Any) -> Any:
-    """Check `value` against a type hint (the subset the schemas use); ints are accepted for floats."""
-    if hint is Any or hint is object:
-        return value
-    origin = typing.get_origin(hint)
+# ---- bounds: one helper, driven by field metadata ----------------------------------------------
+def at_least(minimum: float, default: Any = dataclasses.MISSING, **kwargs: Any) -> Any:
+    """A dataclass field whose value is >= `minimum` (or None where the annotation allows it)."""
+    return dataclasses.field(default=default, metadata={"ge": minimum}, **kwargs)
+
+
+def above(minimum: float, default: Any = dataclasses.MISSING) -> Any:
+    """A dataclass field whose value is > `minimum` (or None where the annotation allows it)."""
+    return dataclasses.field(default=default, metadata={"gt": minimum})
+
+
+def check_bound(key: str, value: Any, hint: Any, ge: float | None = None, gt: float | None = None) -> None:
+    """`value` is a number (an integer where `hint` says int; never a bool) inside the bound; None passes where
+    `hint` is Optional. The one check behind every `at_least` / `above` field."""
     args = typing.get_args(hint)
+    if value is None and type(None) in args:
+        return
+    integer = int in (hint, *args)
+    what = "an integer" if integer else "a number"
+    bound = f">= {ge}" if ge is not None else f"> {gt}"
+    bad = isinstance(value, bool) or not isinstance(value, int if integer else int | float) or (
+        value < ge if ge is not None else not value > gt)
+    if bad:
+        null = " or null" if type(None) in args else ""
+        raise ConfigError(f"{key}={value!r} is not valid; allowed values: {what} {bound}{null}")
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def check_bounds(obj: Any, path: str) -> None:
+    """Every `at_least` / `above` field of dataclass `obj`, named `<path>.<field>` in a message."""
+    for f in dataclasses.fields(obj):
+        if "ge" in f.metadata or "gt" in f.metadata:
+            check_bound(f"{path}.{f.name}" if path else f.name, getattr(obj, f.name), _hints(type(obj))[f.name],
+                        f.metadata.get("ge"), f.metadata.get("gt"))
+
+
+# ---- types: OmegaConf's structured-config validation -------------------------------------------
+def _typed(hint: Any) -> Any:
+    """The annotation OmegaConf 2.3 validates: a Literal is its values' type (the choice is checked after), a
+    union it cannot type (other than Optional) is Any (the schema's `__post_init__` checks it)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin is Literal:
-        choice(key, value, args)
-        return value
+        return type(args[0])
     if origin in (Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        errors: list[ConfigError] = []
-        for arg in (a for a in args if a is not type(None)):
-            try:
-                return check_type(key, value, arg)
-            except ConfigError as err:
-                errors.append(err)
-        raise errors[0] if len(errors) == 1 else ConfigError(
-            f"{key}={value!r} is not valid; allowed: {' or '.join(_type_name(a) for a in args)}")
-    if origin in (list, tuple):
-        if not isinstance(value, list | tuple):
-            raise ConfigError(f"{key}={value!r} is not valid; allowed values: a list")
-        return [check_type(f"{key}[{i}]", v, args[0]) for i, v in enumerate(value)] if args else list(value)
+        rest = [a for a in args if a is not type(None)]
+        if len(rest) != 1:
+            return Any
+        return typing.Optional[_typed(rest[0])] if type(None) in args else _typed(rest[0])  # noqa: UP045
+    return hint
+
+
+@functools.cache
+def _structured(cls: type) -> Any:
+    """The OmegaConf schema of `cls`'s plain fields (nested sections are built on their own), every value MISSING:
+    only the keys a config gives are validated and converted."""
+    fields = [(f.name, _typed(_hints(cls)[f.name]), dataclasses.field(default=MISSING))
+              for f in dataclasses.fields(cls) if not dataclasses.is_dataclass(_hints(cls)[f.name])]
+    return OmegaConf.structured(dataclasses.make_dataclass(f"{cls.__name__}Types", fields))
+
+
+_KINDS = {bool: "true, false", int: "an integer", float: "a number", str: "a string"}
+
+
+def _allowed(hint: Any) -> str:
+    """What a value of annotation `hint` may be, in words."""
+    args = typing.get_args(hint)
+    origin = typing.get_origin(hint)
+    if origin in (Union, types.UnionType):
+        return " or ".join("null" if a is type(None) else _allowed(a) for a in args)
+    if origin is Literal:
+        return ", ".join(map(str, args))
+    if origin in (list, tuple) or hint in (list, tuple):
+        return "a list" + (f" of {_allowed(args[0])}" if args else "")
     if origin is dict or hint is dict:
-        if not isinstance(value, Mapping):
-            raise ConfigError(f"{key}={value!r} is not valid; allowed values: a mapping")
-        return dict(value)
-    if hint is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"{key}={value!r} is not valid; allowed values: true, false")
-        return value
-    if hint is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{key}={value!r} is not valid; allowed values: an integer")
-        return value
-    if hint is float:
-        number(key, value)
-        return float(value)
-    if hint is str:
-        if not isinstance(value, str):
-            raise ConfigError(f"{key}={value!r} is not valid; allowed values: a string")
-        return value
-    if value is None:
-        raise ConfigError(f"{key}=None is not valid; allowed: {_type_name(hint)}")
-    return value
+        return "a mapping"
+    return _KINDS.get(hint, getattr(hint, "__name__", str(hint)))
 
 
-def _type_name(hint: Any) -> str:
-    return getattr(hint, "__name__", str(hint))
+def _convert(cls: type, values: dict[str, Any], path: str) -> dict[str, Any]:
+    """`values` validated and converted by OmegaConf against `cls`'s annotations, Literal choices checked."""
+    for name, value in values.items():  # OmegaConf would read "no" as false and "3" as 3: a string stays a string
+        hint = _typed(_hints(cls)[name])
+        if isinstance(value, str) and ({bool, int, float} & {hint, *typing.get_args(hint)}):
+            raise ConfigError(f"{f'{path}.' if path else ''}{name}={value!r} is not valid; allowed values: "
+                              f"{_allowed(_hints(cls)[name])}")
+    try:
+        typed = OmegaConf.to_container(OmegaConf.merge(_structured(cls), values))
+    except OmegaConfBaseException as err:
+        name = re.split(r"[.\[]", str(err.full_key or err.key or ""))[0]
+        if name not in values:  # not a value's fault (a merge of unlike nodes): name the first key
+            name = next(iter(values))
+        key = f"{path}.{name}" if path else name
+        raise ConfigError(f"{key}={values[name]!r} is not valid; allowed values: "
+                          f"{_allowed(_hints(cls)[name])}") from None
+    assert isinstance(typed, dict)
+    out = {k: typed[k] for k in values}
+    for name, value in out.items():
+        hint = _hints(cls)[name]
+        literal = [a for a in (hint, *typing.get_args(hint)) if typing.get_origin(a) is Literal]
+        if literal and value is not None:
+            choice(f"{path}.{name}" if path else name, value, typing.get_args(literal[0]))
+    return out
 
 
 def build_section(cls: type, node: Any, path: str) -> Any:
     """Build dataclass `cls` from a mapping, checking keys and types; errors name `path.key`.
 
     The one way every schema is built (root sections and the groups alike): unknown keys (with the closest
-    known one), then each value against its type hint, then the dataclass's own checks (`__post_init__`).
+    known one), then the values against the annotations (OmegaConf's structured-config validation), then the
+    dataclass's own checks (`__post_init__`: bounds from field metadata, rules between fields).
     Errors are ConfigError, or the schema's own subclass of it (`_error`)."""
     error = getattr(cls, "_error", ConfigError)
     try:
@@ -153,23 +198,19 @@ def _build(cls: type, node: Any, path: str) -> Any:
     if not isinstance(node, Mapping):
         raise ConfigError(f"{path}={node!r} is not valid; allowed values: a mapping with keys "
                           f"{', '.join(f.name for f in dataclasses.fields(cls))}")
-    hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown_keys(path, set(node), set(fields))
-    kwargs = {}
-    for name, value in node.items():
-        hint = hints[name]
-        if dataclasses.is_dataclass(hint):
-            kwargs[name] = build_section(hint, value, f"{path}.{name}" if path else name)
-        else:
-            kwargs[name] = check_type(f"{path}.{name}" if path else name, value, hint)
+    sections = {k: v for k, v in node.items() if dataclasses.is_dataclass(_hints(cls)[k])}
+    kwargs = _convert(cls, {k: v for k, v in node.items() if k not in sections}, path) if len(sections) < len(
+        node) else {}
+    for name, value in sections.items():
+        kwargs[name] = build_section(_hints(cls)[name], value, f"{path}.{name}" if path else name)
     try:
         return cls(**kwargs)
     except ConfigError:
         raise
     except (ValueError, TypeError) as err:
         raise ConfigError(str(err) if not path or str(err).startswith(path) else f"{path}: {err}") from err
-
 
 
 def to_container(cfg: Any) -> dict[str, Any]:
@@ -222,6 +263,16 @@ class Coercible:
         if not isinstance(cfg, dict):
             raise cls._error(f"{path}: expected a mapping (dataclass, DictConfig or dict), got {type(cfg).__name__}")
         return build_section(cls, cfg, path)
+
+    def __post_init__(self) -> None:
+        self.check_fields()
+
+    def check_fields(self) -> None:
+        """The bounds its fields declare (`at_least` / `above`), in this schema's error."""
+        try:
+            check_bounds(self, self.section)
+        except ConfigError as err:
+            raise err if isinstance(err, self._error) else self._error(str(err)) from None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)  # type: ignore[call-overload]

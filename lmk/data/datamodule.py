@@ -41,48 +41,25 @@ class PairDataModule(L.LightningDataModule):
 
     def __init__(
         self,
-        sources: Any = None,
+        cfg: DataConfig | Mapping[str, Any] | None = None,
         tokenizer: Any = None,
         collator: PairCollator | None = None,
-        group_size: int = 4,
-        batch_size: int = 16,
-        query_max_length: int = 128,
-        passage_max_length: int = 512,
-        num_workers: int = 0,
-        pin_memory: bool | None = None,
-        seed: int = 0,
-        skip_bad_rows: bool = False,
-        max_rows: int | None = None,
-        streaming: bool = False,
-        drop_last: bool = True,
-        shuffle_buffer: int = 10_000,
-        cache_dir: str | None = None,
         world_size: int | None = None,
         rank: int | None = None,
+        **settings: Any,
     ) -> None:
+        """`cfg`: the validated `data.*` section as it is; or its keys as keyword arguments (`batch_size=4`, what
+        `instantiate(cfg.data)` passes), checked by the same schema (DataConfig)."""
         super().__init__()
+        if cfg is not None and settings:
+            raise TypeError(f"PairDataModule: give `cfg` or its keys ({', '.join(sorted(settings))}), not both")
+        self.cfg: DataConfig = DataConfig.coerce(settings if cfg is None else cfg)
         # One prepare_data per run (global rank 0), not one per node: on a shared cache five nodes would build the
         # same Arrow copy at once, and a file lock cannot be trusted across nodes everywhere (Lustre mounted with
         # localflock). A node-local cache is built in setup() by that node's ranks, which lock within the node.
         self.prepare_data_per_node = False
-        self.cfg = DataConfig(
-            sources=[{"path": "local"}] if sources is None else sources,
-            group_size=group_size,
-            batch_size=batch_size,
-            query_max_length=query_max_length,
-            passage_max_length=passage_max_length,
-            num_workers=num_workers,
-            pin_memory=pin_memory,
-            seed=seed,
-            skip_bad_rows=skip_bad_rows,
-            max_rows=max_rows,
-            streaming=streaming,
-            drop_last=drop_last,
-            shuffle_buffer=shuffle_buffer,
-            cache_dir=cache_dir,
-        )
         if collator is None and tokenizer is not None:
-            collator = PairCollator(tokenizer, query_max_length, passage_max_length)
+            collator = PairCollator(tokenizer, self.cfg.query_max_length, self.cfg.passage_max_length)
         self.collator = collator
         self._world_size, self._rank = world_size, rank
         self.datasets: list[Any] | None = None

@@ -18,6 +18,7 @@ from huggingface_hub import EvalResult, ModelCardData
 
 from lmk.eval.mteb_model import PAPER
 from lmk.model.export import needed_packages
+from lmk.run.results import Results
 
 if TYPE_CHECKING:
     from mteb.models.model_meta import ModelMeta
@@ -66,8 +67,8 @@ def eval_results(task_results: list[TaskResult]) -> list[EvalResult]:
     return entries
 
 
-def _metadata(meta: ModelMeta, results: dict[str, Any], task_results: list[TaskResult]) -> str:
-    hub_sets = [s["path"] for s in (results.get("config") or {}).get("data", {}).get("sources") or []
+def _metadata(meta: ModelMeta, results: Results, task_results: list[TaskResult]) -> str:
+    hub_sets = [s["path"] for s in results.section("data").get("sources") or []
                 if str(s.get("path", "")).count("/") == 1 and ":" not in str(s.get("path"))]
     data = ModelCardData(library_name="sentence-transformers", tags=TAGS, license=meta.license,
                          base_model=meta.adapted_from, datasets=sorted(set(hub_sets)) or None,
@@ -156,16 +157,16 @@ def _what(model: EmbeddingModel) -> str:
             f"({kind}).")
 
 
-def model_card(*, meta: ModelMeta, model: EmbeddingModel, results: dict[str, Any], config: dict[str, Any],
+def model_card(*, meta: ModelMeta, model: EmbeddingModel, results: Results, config: dict[str, Any],
                row: TableRow | None, task_results: list[TaskResult], source: str) -> str:
     """The card's text: the metadata block, then the sections of the module doc."""
     enc = model.encoder_cfg
     base = meta.adapted_from or (f"`{enc.name}` ({enc.source} encoder)" if enc else "unknown")
-    data = results.get("data") or {}
+    data = results.data
     data_lines = "\n".join(f"- `{name}`: {entry.get('rows')} rows from `{entry.get('path')}`"
                            + (f", {entry.get('skipped')} skipped" if entry.get("skipped") else "")
                            for name, entry in data.items()) or "- not recorded"
-    fingerprint = results.get("data_fingerprint") or "not recorded"
+    fingerprint = results.data_fingerprint or "not recorded"
     licence = "" if meta.license != "other" else f" (the licence of the base model {base} applies)"
     return f"""---
 {_metadata(meta, results, task_results)}---

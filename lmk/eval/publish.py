@@ -37,7 +37,7 @@ from lmk.hub.push import Pushed, check_push, push_folder
 from lmk.model.backbone import package_model_path
 from lmk.model.export import export_sentence_transformers
 from lmk.model.loading import load_model as load_run_model
-from lmk.run.results import STATUS_DONE, read_results
+from lmk.run.results import STATUS_DONE, EvalRecord, Results
 
 log = logging.getLogger(__name__)
 
@@ -81,13 +81,13 @@ def table_row(run_dir: Path, table: str | Path | None = None) -> TableRow | None
     return None
 
 
-def task_results(run_dir: Path, section: dict[str, Any]) -> list[TaskResult]:
+def task_results(run_dir: Path, section: EvalRecord) -> list[TaskResult]:
     """The mteb TaskResult of every task of the run's eval section, from the run's mteb cache."""
-    cache = Path(section.get("cache_dir") or run_dir / "mteb_cache") / "results"
-    model = section["model"].replace("/", "__").replace(" ", "_")
+    cache = Path(section.cache_dir or run_dir / "mteb_cache") / "results"
+    model = str(section.model).replace("/", "__").replace(" ", "_")
     found = []
-    for task in section.get("tasks", {}):
-        files = sorted((cache / model / str(section["fingerprint"])).rglob(f"{task}.json"))
+    for task in section.tasks:
+        files = sorted((cache / model / str(section.fingerprint)).rglob(f"{task}.json"))
         if not files:
             raise PublishError(f"{run_dir}: no mteb result for {task} under {cache / model}; rerun its evaluation "
                                f"(python -m lmk.evaluate model={run_dir})")
@@ -141,13 +141,13 @@ def training_sets(config: dict[str, Any]) -> tuple[list[str], set[str]]:
     return sorted(set(hub)), mteb_names
 
 
-def _meta(folder: Path, name: str, model: Any, results: dict[str, Any], license_: str, base: str | None,
+def _meta(folder: Path, name: str, model: Any, results: Results, license_: str, base: str | None,
           repo_id: str | None) -> ModelMeta:
-    section = results["eval"]
-    hub, mteb_names = training_sets(results.get("config") or {})
+    section = results.eval
+    hub, mteb_names = training_sets(results.config)
     return ModelMeta(
-        loader=load_model, loader_kwargs={"query_max_length": section["query_max_length"],
-                                          "passage_max_length": section["passage_max_length"]},
+        loader=load_model, loader_kwargs={"query_max_length": section.query_max_length,
+                                          "passage_max_length": section.passage_max_length},
         name=name, revision=model.fingerprint(), release_date=datetime.date.today().isoformat(), languages=None,
         n_parameters=n_parameters(folder), memory_usage_mb=round(n_parameters(folder) * 4 / 2**20, 1),
         max_tokens=float(model.max_positions), embed_dim=model.hidden_size, license=license_, open_weights=True,
@@ -165,16 +165,16 @@ def write_folder(run_dir: str | Path, out: str | Path, *, repo_id: str | None = 
     if out.exists() and any(out.iterdir()):
         raise PublishError(f"--out {out} exists and is not empty (files of another model would be published with "
                            "this one); give a new folder")
-    results = read_results(run_dir)
-    if results.get("status") != STATUS_DONE or not (results.get("eval") or {}).get("tasks"):
+    results = Results.read(run_dir)
+    if results.status != STATUS_DONE or not results.eval.tasks:
         raise PublishError(f"{run_dir} is not a finished, evaluated run (results.json status "
-                           f"{results.get('status')!r}); publish a run whose training and evaluation finished")
+                           f"{results.status!r}); publish a run whose training and evaluation finished")
     model, _ = load_run_model(run_dir)
-    section = results["eval"]
-    if model.fingerprint() != section.get("fingerprint"):
+    section = results.eval
+    if model.fingerprint() != section.fingerprint:
         log.warning("%s: the weights (fingerprint %s) are not the ones evaluated (%s)", run_dir, model.fingerprint(),
-                    section.get("fingerprint"))
-    length = min(int(section["passage_max_length"]), model.max_positions)
+                    section.fingerprint)
+    length = min(int(section.passage_max_length or model.max_positions), model.max_positions)
     export_sentence_transformers(model, out, max_seq_length=length)
     encoder = model.encoder_cfg
     base = base or (base_model(encoder) if encoder else None)
@@ -184,7 +184,7 @@ def write_folder(run_dir: str | Path, out: str | Path, *, repo_id: str | None = 
     results_found = task_results(run_dir, section)
     save_results(results_found, meta, out)
     row = table_row(run_dir, table)
-    config = {k: results["config"][k] for k in CONFIG_SECTIONS if k in (results.get("config") or {})}
+    config = {k: results.config[k] for k in CONFIG_SECTIONS if k in results.config}
     (out / "README.md").write_text(model_card(meta=meta, model=model, results=results, config=config, row=row,
                                               task_results=results_found, source=repo_id or str(out)))
     return Publication(out, meta, row)

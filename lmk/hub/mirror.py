@@ -18,14 +18,14 @@ mirror then read it from there (their metadata's dataset path is rewritten to th
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
 from pathlib import Path
 from typing import Any
 
-from omegaconf import OmegaConf
-
+from lmk.config.data import DataConfig
 from lmk.hub.offline import is_hub_id, is_repo_id
 from lmk.run.files import write_json
 
@@ -169,22 +169,17 @@ def resolve_model(model_id: str, root: str | os.PathLike | None = None) -> str:
     return str(local) if local is not None else model_id
 
 
-def with_mirrored_sources(data_cfg: Any) -> Any:
-    """A copy of a `data` config whose hub-id sources held by the mirror read the mirror's folder instead
-    (with the same `data_files` / `subset` / `split`, relative to the folder as on the hub)."""
-    if mirror_root() is None or data_cfg is None:
-        return data_cfg
-    cfg = OmegaConf.create(OmegaConf.to_container(data_cfg, resolve=False)) if not isinstance(data_cfg, dict) \
-        else OmegaConf.create(data_cfg)
-    for i, src in enumerate(cfg.get("sources") or []):
-        path = src if isinstance(src, str) else src.get("path")
-        folder = find("dataset", path) if is_hub_id(path) else None
-        if folder is not None:
-            if isinstance(src, str):
-                cfg.sources[i] = {"path": str(folder), "name": path.rsplit("/", 1)[1]}
-            else:
-                src.path = str(folder)
-    return cfg
+def with_mirrored_sources(data: DataConfig) -> DataConfig:
+    """A copy of a validated `data` section whose hub-id sources held by the mirror read the mirror's folder
+    instead (with the same `data_files` / `subset` / `split`, relative to the folder as on the hub, and the
+    same source name)."""
+    if mirror_root() is None:
+        return data
+    sources = []
+    for src in data.sources:
+        folder = find("dataset", src.path) if is_hub_id(src.path) else None
+        sources.append(src if folder is None else dataclasses.replace(src, path=str(folder)))
+    return dataclasses.replace(data, sources=sources)
 
 
 _MIRRORED_CLASSES: dict[type, type] = {}

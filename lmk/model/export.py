@@ -111,9 +111,10 @@ def is_export(path: str | os.PathLike) -> bool:
     return first.endswith(".LandmarkTransformer")
 
 
-class LandmarkPooling:
-    """The pooling module name of exports written before the code travelled (`lmk.export.LandmarkPooling`, a wrapper
-    around a pooler): loads such a folder into the pooler class of its mode."""
+class LegacyExportPooling:
+    """The loader behind the pooling module name of exports written before the code travelled (their modules.json
+    names `lmk.export.LandmarkPooling`, then a wrapper around a pooler): loads such a folder into the pooler class
+    of its mode. `lmk.export` keeps that old name pointing here."""
 
     @classmethod
     def load(cls, model_name_or_path: str, subfolder: str = "", token: bool | str | None = None,
@@ -137,7 +138,7 @@ class LandmarkPooling:
 def _pooler_class(ref: str) -> Any:
     """modules.json's pooling type -> lmk's class (by class name: `<file>.<class>` names the folder's copy)."""
     if ref == OLD_MODULES[1]:
-        return LandmarkPooling
+        return LegacyExportPooling
     name = ref.rsplit(".", 1)[-1]
     for cls in POOLERS.values():
         if cls.__name__ == name:

@@ -38,7 +38,7 @@ from omegaconf import OmegaConf
 from lmk.config import CKPT_AUTO, CKPT_FRESH
 from lmk.config.schema import UserError
 from lmk.run.files import write_json
-from lmk.run.results import STATUS_DONE, read_results
+from lmk.run.results import STATUS_DONE, Results
 from lmk.run.scheduler import current_user, slurm_job
 
 log = logging.getLogger(__name__)
@@ -222,7 +222,7 @@ def check_reuse(run_dir: str | os.PathLike, ckpt_path: Any, overwrite: bool) -> 
     if overwrite or ckpt_path not in (*CKPT_AUTO, *CKPT_FRESH):
         return
     try:
-        status = read_results(run_dir).get("status")
+        status = Results.read(run_dir).status
     except ValueError:
         return  # unreadable results.json: nothing finished to protect
     if status == STATUS_DONE:

@@ -1,7 +1,10 @@
 """The run folder's `results.json`: one file per run, merged by every writer, never overwritten blind.
 
-Train, the eval callback, `lmk.evaluate` and the sweep all write through `update_results`, so a
-crash in a later stage never loses what an earlier stage computed.
+`Results` is its typed record: every key a writer may write is a field of it (`update_results` refuses any
+other), and readers (tables, reports, the eval stage, publishing, the analysis) read it through
+`Results.read(run_dir)`. Train, the eval callback, `lmk.evaluate` and the sweep all write through
+`update_results`, so a crash in a later stage never loses what an earlier stage computed. The file stays
+plain JSON: keys a newer or older writer added that the record does not name are kept in `extra`.
 """
 
 from __future__ import annotations
@@ -12,8 +15,9 @@ import os
 import subprocess
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
@@ -34,7 +38,7 @@ def _deep_merge(base: dict[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def read_results(run_dir: str | os.PathLike) -> dict[str, Any]:
-    """The run's results, or {} when it has none yet."""
+    """The run's results as written (plain JSON), or {} when it has none yet; readers use `Results.read`."""
     path = Path(run_dir) / RESULTS_FILE
     if not path.exists():
         return {}
@@ -42,12 +46,105 @@ def read_results(run_dir: str | os.PathLike) -> dict[str, Any]:
         return json.load(fh)
 
 
+_R = TypeVar("_R")
+
+
+def _record(cls: type[_R], data: Mapping[str, Any] | None) -> _R:
+    """`cls` from a JSON mapping: a missing or null key takes the field's default (an empty section), keys the
+    record does not name go to `extra`."""
+    data = dict(data or {})
+    names = {f.name for f in fields(cls)} - {"extra"}  # type: ignore[arg-type]
+    known = {k: data.pop(k) for k in list(data) if k in names}
+    return cls(**{k: v for k, v in known.items() if v is not None}, extra=data)  # type: ignore[call-arg]
+
+
+@dataclass
+class EvalRecord:
+    """results.json's `eval` section: what one evaluation of the run wrote (lmk.eval.runner, lmk.sweep.eval_stage)."""
+
+    tasks: dict[str, Any] = field(default_factory=dict)  # task -> {main_score, scores per split, ...}
+    groups: dict[str, float | None] = field(default_factory=dict)  # group -> the mean of its tasks' main scores
+    group_tasks: dict[str, list[str]] = field(default_factory=dict)  # group -> its tasks (tables pair by group)
+    per_query: str | None = None  # the per-query scores file beside results.json
+    timings: dict[str, Any] = field(default_factory=dict)
+    suite: str | None = None
+    model: str | None = None  # the mteb model name the scores are cached under
+    fingerprint: str | None = None  # the evaluated weights' fingerprint
+    query_max_length: int | None = None
+    passage_max_length: int | None = None
+    cache_dir: str | None = None  # the mteb ResultCache the scores are in (None: <run dir>/mteb_cache)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Results:
+    """The typed `results.json` of a run folder (training, `lmk.evaluate` or a failed sweep row)."""
+
+    status: str | None = None  # running | done | failed | interrupted
+    error: str | None = None
+    traceback: str | None = None
+    command: str | None = None  # "evaluate" for an lmk.evaluate folder
+    row: str | None = None  # the table row (a row the sweeper recorded as failed before its job ran)
+    config: dict[str, Any] = field(default_factory=dict)  # the resolved config the run used
+    config_hash: str | None = None
+    git_commit: str | None = None
+    model: dict[str, Any] = field(default_factory=dict)  # what lmk.evaluate loaded
+    resume: dict[str, Any] = field(default_factory=dict)  # the checkpoint this attempt resumed from, and why
+    interruptions: list[dict[str, Any]] = field(default_factory=list)  # earlier attempts that stopped
+    gradient_checkpointing: dict[str, Any] = field(default_factory=dict)  # the decision and why
+    wandb: dict[str, Any] = field(default_factory=dict)  # mode, url, sync command
+    metrics: dict[str, Any] = field(default_factory=dict)  # the trainer's last logged metrics, global_step
+    timings: dict[str, Any] = field(default_factory=dict)  # seconds per phase, fit steps per second
+    data_fingerprint: str | None = None
+    data: dict[str, Any] = field(default_factory=dict)  # per source: rows kept / skipped
+    checkpoints: dict[str, Any] = field(default_factory=dict)  # last, best, resumed_from
+    export: str | None = None  # the sentence-transformers folder
+    non_finite: dict[str, Any] = field(default_factory=dict)  # where the non-finite guard stopped the run
+    eval: EvalRecord = field(default_factory=EvalRecord)
+    eval_history: dict[str, Any] = field(default_factory=dict)  # step -> scores of in-training evaluations
+    environment: dict[str, Any] = field(default_factory=dict)  # the lock the results were computed under
+    updated_at: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)  # keys this record does not name, kept as read
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> Results:
+        record = _record(cls, data)
+        record.eval = _record(EvalRecord, record.eval if isinstance(record.eval, Mapping) else None)
+        return record
+
+    @classmethod
+    def read(cls, run_dir: str | os.PathLike) -> Results:
+        """The run's record; an empty one (status None) when it has no results.json yet."""
+        return cls.from_dict(read_results(run_dir))
+
+    @property
+    def is_empty(self) -> bool:
+        """No results.json yet (or an empty one)."""
+        return self == Results()
+
+    @property
+    def row_id(self) -> str | None:
+        """The table row: the recorded one, else the config's (`++row=...`)."""
+        return self.row or self.config.get("row")
+
+    def section(self, name: str) -> dict[str, Any]:
+        """A section of the run's config (`encoder`, `data`, `eval`, ...) as a mapping; {} when absent."""
+        value = self.config.get(name)
+        return dict(value) if isinstance(value, Mapping) else {}
+
+
+RESULT_KEYS = frozenset(f.name for f in fields(Results)) - {"extra"}
+
+
 def update_results(run_dir: str | os.PathLike, *, fresh: bool = False, **sections: Any) -> dict[str, Any]:
-    """Deep-merge `sections` into `<run_dir>/results.json` and write it atomically.
+    """Deep-merge `sections` (fields of `Results`) into `<run_dir>/results.json` and write it atomically.
 
     `fresh=True` starts the file over: a new run in an old folder must not inherit the previous
     run's eval scores or error under its own config hash.
     """
+    unknown = sorted(set(sections) - RESULT_KEYS)
+    if unknown:
+        raise TypeError(f"results.json has no key {unknown[0]!r}; add it to lmk.run.results.Results first")
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     merged = _deep_merge({} if fresh else read_results(run_dir), sections)

@@ -35,7 +35,7 @@ from lmk.config import UserError
 from lmk.hub import mirror
 from lmk.run import faults
 from lmk.run.cli import full_errors, report
-from lmk.run.results import STATUS_DONE, read_results
+from lmk.run.results import STATUS_DONE, Results
 from lmk.sweep.eval_stage import run_stage
 from lmk.sweep.jobs import Block, job_id, train_block, zeroshot_block
 from lmk.sweep.publish import publish_rows, push_target
@@ -216,7 +216,7 @@ def _build_table(sweep: Sweep, started: float, failures: int) -> int:
 
 
 def finished(run_dir: Path) -> bool:
-    return read_results(run_dir).get("status") == STATUS_DONE
+    return Results.read(run_dir).status == STATUS_DONE
 
 
 def refused(sweep: Sweep, show: bool) -> bool:

@@ -36,7 +36,7 @@ from lmk.config.eval import EvalConfig
 from lmk.eval.scoring import group_scores
 from lmk.eval.tasks import LOCAL_TASKS
 from lmk.run.files import write_json
-from lmk.run.results import STATUS_DONE, read_results, update_results
+from lmk.run.results import STATUS_DONE, Results, update_results
 from lmk.sweep.jobs import SEP, eval_block, plan_shards, stage_overrides, stage_suite
 from lmk.sweep.spec import Scale
 
@@ -63,7 +63,7 @@ def trained_fingerprint(run_dir: str | Path) -> str | None:
     """The model fingerprint of a training run that finished (results.json `status: done`); None for a run
     that failed, was killed or still runs, even when it left `export/` or a checkpoint."""
     try:
-        finished = read_results(run_dir).get("status") == STATUS_DONE
+        finished = Results.read(run_dir).status == STATUS_DONE
     except ValueError:  # unreadable results.json: not a finished run
         finished = False
     return model_fingerprint(run_dir) if finished else None
@@ -94,23 +94,24 @@ def merge(rows: Sequence[str], train_dir: str | Path, eval_dir: str | Path, suit
         meta: dict[str, Any] = {}
         for shard in shards:
             folder = Path(eval_dir) / f"{row}{SEP}{shard}"
-            res = _read(folder / "results.json")
-            if not res:
+            raw = _read(folder / "results.json")
+            if not raw:
                 status[shard] = "missing"
                 continue
-            if (res.get("config") or {}).get("model_fingerprint") != fp:
+            res = Results.from_dict(raw)
+            if res.config.get("model_fingerprint") != fp:
                 status[shard] = "stale (other weights)"
                 continue
-            if res.get("status") != STATUS_DONE:
-                status[shard] = str(res.get("status", "unknown"))
+            if res.status != STATUS_DONE:
+                status[shard] = str(res.status or "unknown")
                 continue
-            section = res.get("eval") or {}
-            tasks.update(section.get("tasks") or {})
-            timings.update(section.get("timings") or {})
-            if section.get("per_query"):
-                per_query.update(_read(folder / section["per_query"]))
-            meta = {k: section[k] for k in ("model", "fingerprint", "query_max_length", "passage_max_length")
-                    if k in section}
+            section = res.eval
+            tasks.update(section.tasks)
+            timings.update(section.timings)
+            if section.per_query:
+                per_query.update(_read(folder / section.per_query))
+            meta = {k: getattr(section, k) for k in ("model", "fingerprint", "query_max_length", "passage_max_length")
+                    if getattr(section, k) is not None}
             status[shard] = STATUS_DONE
         report[row] = status
         if not tasks:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from lmk.hub import mirror
-from lmk.run.results import read_results
+from lmk.run.results import Results
 
 
 def _pinned_data() -> dict[str, str]:
@@ -46,14 +46,13 @@ def provenance_lines(out: str | Path) -> list[str]:
     out = Path(out)
     envs, data = {}, {}
     for path in sorted(out.rglob("results.json")):
-        res = read_results(path.parent)
-        row = res.get("row") or (res.get("config") or {}).get("row")
-        if row is None:
+        res = Results.read(path.parent)
+        if res.row_id is None:
             continue
         label = path.parent.relative_to(out).as_posix()  # train/<row>, train/<row>/seed<k>, zeroshot/<row>
-        envs[label] = _environment(res.get("environment") or {})
-        if res.get("data_fingerprint"):
-            data[label] = f"`{res['data_fingerprint']}`"
+        envs[label] = _environment(res.environment)
+        if res.data_fingerprint:
+            data[label] = f"`{res.data_fingerprint}`"
     lines = []
     if envs:
         lines.append(f"- environment: {_grouped(envs)}")

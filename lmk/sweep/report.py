@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from lmk.run.console import verbose
-from lmk.run.results import read_results
+from lmk.run.results import Results
 
 # Hydra's launchers announce every job with its full override list: jobs.json holds those, the start line says
 # what the row is.
@@ -40,19 +40,18 @@ def start_line(job: dict[str, Any], row_overrides: Sequence[str], index: int, to
     return f"row {job['job']} [{index}/{total}{eta}] -> {job['job_dir']}: {what}"
 
 
-def _scores(results: dict[str, Any]) -> list[str]:
-    groups = (results.get("eval") or {}).get("groups") or {}
-    scores = [f"{g} {100 * v:.1f}" for g, v in groups.items() if v is not None]
+def _scores(results: Results) -> list[str]:
+    scores = [f"{g} {100 * v:.1f}" for g, v in results.eval.groups.items() if v is not None]
     if scores:
         return scores
-    metrics = results.get("metrics") or {}
+    metrics = results.metrics
     if "train/loss" in metrics:  # evaluated later (a scale's eval stage): the training's own numbers
         return [f"{metrics.get('global_step', '?')} steps, loss {metrics['train/loss']:.4g}"]
     return []
 
 
-def _wandb(results: dict[str, Any]) -> list[str]:
-    info = results.get("wandb") or {}
+def _wandb(results: Results) -> list[str]:
+    info = results.wandb
     if info.get("mode") == "offline" and info.get("sync"):
         return [f"W&B offline: `{info['sync']}` later"]
     if info.get("mode") == "online" and info.get("url"):
@@ -67,7 +66,7 @@ def result_line(job: dict[str, Any], seconds: float, error: str | None = None) -
         logs = sorted(run_dir.glob("*.log"))
         where = f" (log: {logs[0]})" if logs else ""
         return f"row {job['job']}: FAILED after {_seconds(seconds)}: {error}{where}"
-    results = read_results(run_dir)
+    results = Results.read(run_dir)
     return " | ".join([f"row {job['job']}: done in {_seconds(seconds)}", *_scores(results), *_wandb(results)])
 
 

@@ -13,6 +13,9 @@ and asks `decide`; it only adapts the answer to Hydra's launcher. The rules:
 - every other row is **launched**: a finished folder of another config (or any row under `force`) is started
   over, the rest start with `ckpt_path=auto`, the one resume rule every job start applies
   (`lmk.train.checkpoints`), so a requeue by the scheduler resumes the same way as a rerun of the sweep.
+
+After a launch, a job reported failed whose folder records it done under its config counts as finished
+(`finished_after_all`).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from lmk.run import lock as run_lock
-from lmk.run.results import STATUS_DONE
+from lmk.run.results import STATUS_DONE, Results
 from lmk.run.scheduler import slurm_job
 
 STATUS_FILE = "sweep_status.json"  # per block: {job: {status, job_id, scheduler, host, ...}}
@@ -38,7 +41,7 @@ class RowState:
 
     job: str
     digest: str  # the config hash of the job as composed now
-    results: Mapping[str, Any]  # its folder's results.json ({} when none)
+    results: Results  # its folder's results.json (an empty record when none)
     record: Mapping[str, Any]  # the previous sweep's entry for this job ({} when none)
     lock: str  # "free" | "alive" | "dead" | "unknown": the folder's run.lock
     lock_owner: Mapping[str, Any] | None
@@ -58,7 +61,7 @@ class Decision:
 
 def decide(state: RowState, force: bool = False, retry_nonfinite: bool = False) -> Decision:
     res, record = state.results, state.record
-    status, same = res.get("status"), res.get("config_hash") == state.digest
+    status, same, recorded = res.status, res.config_hash == state.digest, not res.is_empty
     if state.recorded_job == "alive":
         return Decision("reattach", f"job {record.get('job_id')} launched by an earlier sweep is "
                                     f"{state.recorded_state or 'alive'}: waiting for it, not submitting again")
@@ -66,19 +69,26 @@ def decide(state: RowState, force: bool = False, retry_nonfinite: bool = False) 
         return Decision("busy", busy_message(state))
     if not force and status == STATUS_DONE and same:
         return Decision("skip", "done, same config")
-    if not force and not retry_nonfinite and same and status == "failed" and res.get("non_finite"):
-        nf = res["non_finite"]
+    if not force and not retry_nonfinite and same and status == "failed" and res.non_finite:
+        nf = res.non_finite
         return Decision("not_retried", f"stopped by the non-finite guard ({nf.get('what')} at step {nf.get('step')}); "
                         "a rerun of the same config replays the same batches: change the config (e.g. a lower "
                         "train.lr) or pass --retry-nonfinite")
     resumes = not force and same and state.has_checkpoints
     if force:
         why = "forced: starts over"
-    elif res and not same:
+    elif recorded and not same:
         why = "changed config: starts over"
     else:
-        why = "resumes from its last checkpoint" if resumes else "new" if not res else "starts over (no checkpoint)"
+        why = "resumes from its last checkpoint" if resumes else "new" if not recorded else "starts over (no checkpoint)"
     return Decision("launch", why, overwrite=status == STATUS_DONE, start_over=force, resumes=resumes)
+
+
+def finished_after_all(job_dir: Path, digest: str) -> bool:
+    """Whether a launched job that reported a failure finished anyway: its folder records it done under this config
+    (a rank's stale failure after rank 0 finished). Its own record then wins over the launcher's report."""
+    results = Results.read(job_dir)
+    return results.status == STATUS_DONE and results.config_hash == digest
 
 
 def busy_message(state: RowState) -> str:
@@ -143,7 +153,7 @@ def lock_verdict(job_dir: Path, record: Mapping[str, Any]) -> tuple[str, dict[st
     return verdict, owner
 
 
-def gather(job: str, job_dir: Path, digest: str, results: Mapping[str, Any], record: Mapping[str, Any],
+def gather(job: str, job_dir: Path, digest: str, results: Results, record: Mapping[str, Any],
            has_checkpoints: bool) -> RowState:
     """The facts `decide` needs (asks the scheduler about a recorded job; reads the lock)."""
     verdict, state = recorded_job(record)

@@ -27,7 +27,7 @@ from scipy.stats import ttest_rel
 
 from lmk.config.schema import UserError
 from lmk.run.files import write_json
-from lmk.run.results import STATUS_DONE, read_results
+from lmk.run.results import STATUS_DONE, Results
 from lmk.sweep.provenance import provenance_lines
 from lmk.sweep.spec import Column, Row, TableSpec, load_spec
 
@@ -97,30 +97,26 @@ class Table:
         return keys
 
 
-def _row_of(results: dict[str, Any]) -> str | None:
-    return results.get("row") or (results.get("config") or {}).get("row")
-
-
 def collect_runs(folder: Path) -> dict[str, RunRecord]:
     """Every row's run under `folder` (recursively), its seeds merged. Refuses two configs for one row and seed."""
     records: dict[tuple[str, Any], RunRecord] = {}
     for path in sorted(folder.rglob("results.json")):
-        results = read_results(path.parent)
-        row = _row_of(results)
+        results = Results.read(path.parent)
+        row = results.row_id
         if row is None:
             continue
-        ev = results.get("eval") or {}
+        ev = results.eval
         per_query = None
-        if ev.get("per_query"):
-            pq_path = path.parent / ev["per_query"]
+        if ev.per_query:
+            pq_path = path.parent / ev.per_query
             if pq_path.exists():
                 per_query = json.loads(pq_path.read_text())
-        rec = RunRecord(row=row, run_dir=path.parent, config_hash=results.get("config_hash"),
-                        git_commit=results.get("git_commit"), status=results.get("status", "unknown"),
-                        groups={k: float(v) for k, v in (ev.get("groups") or {}).items() if v is not None},
+        rec = RunRecord(row=row, run_dir=path.parent, config_hash=results.config_hash,
+                        git_commit=results.git_commit, status=results.status or "unknown",
+                        groups={k: float(v) for k, v in ev.groups.items() if v is not None},
                         per_query=per_query,
-                        group_tasks=ev.get("group_tasks") or ((results.get("config") or {}).get("eval") or {}).get("groups") or {},
-                        seed=(results.get("config") or {}).get("seed"))
+                        group_tasks=ev.group_tasks or results.section("eval").get("groups") or {},
+                        seed=results.config.get("seed"))
         key = (row, rec.seed)
         if key in records:
             other = records[key]

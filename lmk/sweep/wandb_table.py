@@ -23,6 +23,7 @@ from typing import Any
 import wandb
 
 from lmk.run.console import verbose
+from lmk.run.results import Results
 from lmk.sweep.tables import Table, _fmt, caption, short_commit
 
 log = logging.getLogger(__name__)
@@ -33,7 +34,7 @@ def sweep_wandb(out: str | Path) -> dict[str, Any] | None:
     of the sweep logged to W&B (logger=csv, W&B disabled or failed to start)."""
     for path in sorted((Path(out) / "train").rglob("results.json")):
         try:
-            info = json.loads(path.read_text()).get("wandb") or {}
+            info = Results.from_dict(json.loads(path.read_text())).wandb
         except (OSError, ValueError):
             continue
         if info.get("mode") in ("online", "offline"):
@@ -115,16 +116,15 @@ def row_runs(run_dir: str | Path | None, row_id: str) -> list[tuple[Path, dict[s
     found = []
     for path in paths:
         try:
-            results = json.loads(path.read_text())
+            results = Results.from_dict(json.loads(path.read_text()))
         except (OSError, ValueError):
             continue
-        info = dict(results.get("wandb") or {})
-        if (results.get("row") or (results.get("config") or {}).get("row")) != row_id or \
-                info.get("mode") not in ("online", "offline"):
+        info = dict(results.wandb)
+        if results.row_id != row_id or info.get("mode") not in ("online", "offline"):
             continue
         id_file = path.parent / "wandb_run_id"  # the id an exact resume continues (lmk.run.loggers)
         info["id"] = info.get("id") or (id_file.read_text().strip() if id_file.is_file() else None)
-        info["init_timeout"] = ((results.get("config") or {}).get("logger") or {}).get("init_timeout")
+        info["init_timeout"] = results.section("logger").get("init_timeout")
         if info["id"]:
             found.append((path.parent, info))
     return found

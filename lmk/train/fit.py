@@ -24,6 +24,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
 from lmk.config import CKPT_AUTO, CKPT_FRESH, RootConfig, derive_seeds, to_container
+from lmk.data.datamodule import PairDataModule
 from lmk.eval.callback import build_eval_callback
 from lmk.hub.mirror import with_mirrored_sources
 from lmk.model.embedding import EmbeddingModel
@@ -39,7 +40,7 @@ from lmk.run.loggers import (
     use_hydra_logging,
     wandb_info,
 )
-from lmk.run.results import STATUS_DONE, Timer, config_hash_of, git_commit, read_results, update_results
+from lmk.run.results import STATUS_DONE, Results, Timer, config_hash_of, git_commit, update_results
 from lmk.train.checkpoints import AtomicCheckpointIO, ResumePoint, newest_valid, read_info, resume_point
 from lmk.train.fault_hooks import FaultCallback
 from lmk.train.guard import NonFiniteError, NonFiniteGuard
@@ -63,15 +64,14 @@ def is_rank_zero() -> bool:
 
 def build_model(cfg: DictConfig, typed: RootConfig) -> EmbeddingModel:
     """The EmbeddingModel of the config, at the training max lengths (data.query/passage_max_length)."""
-    data = cfg.data
-    return EmbeddingModel.build(cfg.encoder, cfg.pooling, query_max_length=int(data.get("query_max_length", 128)),
-                                passage_max_length=int(data.get("passage_max_length", 512)), seed=typed.seed)
+    return EmbeddingModel.build(cfg.encoder, cfg.pooling, query_max_length=typed.data.query_max_length,
+                                passage_max_length=typed.data.passage_max_length, seed=typed.seed)
 
 
-def build_datamodule(cfg: DictConfig, model: Any) -> Any:
-    """`instantiate(cfg.data, tokenizer=model.tokenizer)` (the PairDataModule of lmk.data)."""
+def build_datamodule(typed: RootConfig, model: Any) -> PairDataModule:
+    """The PairDataModule of the validated `data` section, tokenizing with the model's tokenizer."""
     # hub-id sources held by the hub mirror (`hub.mirror`) are read from it (compute nodes without internet)
-    return hydra.utils.instantiate(with_mirrored_sources(cfg.data), tokenizer=model.tokenizer, _convert_="all")
+    return PairDataModule(with_mirrored_sources(typed.data), tokenizer=model.tokenizer)
 
 
 def build_callbacks(typed: RootConfig, run_dir: Path, has_logger: bool, config_hash: str) -> list[Any]:
@@ -161,7 +161,7 @@ def _resume_point(run: _Run) -> ResumePoint:
     old checkpoints aside) and publishes it in the run lock; the other ranks take the same one."""
     typed = run.typed
     if run.rank_zero:
-        start_over = typed.overwrite and read_results(run.run_dir).get("status") == STATUS_DONE
+        start_over = typed.overwrite and Results.read(run.run_dir).status == STATUS_DONE
         point = resume_point(typed.ckpt_path, run.run_dir, run.digest, start_over=start_over)
         run_lock.publish(run.run_dir, resume=str(point.path) if point.path else None)
         return point
@@ -195,13 +195,13 @@ def _start(run: _Run) -> None:
 
 def _interruptions(run_dir: Path, point: ResumePoint) -> dict[str, Any]:
     """A resumed run: what stopped the previous attempt moves to `interruptions` (a finished run shows no error)."""
-    previous = read_results(run_dir)
-    history = list(previous.get("interruptions") or [])
-    status = previous.get("status")
+    previous = Results.read(run_dir)
+    history = list(previous.interruptions)
+    status = previous.status
     if status in ("running", "interrupted", "failed"):
-        error = previous.get("error") or ("stopped without a trace: killed, requeued by the scheduler or its node "
-                                          "lost" if status == "running" else None)
-        history.append({"status": status, "error": error, "at": previous.get("updated_at"),
+        error = previous.error or ("stopped without a trace: killed, requeued by the scheduler or its node "
+                                   "lost" if status == "running" else None)
+        history.append({"status": status, "error": error, "at": previous.updated_at,
                         "resumed_from": str(point.path), "step": point.step,
                         "scheduler_restarts": os.environ.get("SLURM_RESTART_COUNT")})
     return {"error": None, "traceback": None, "interruptions": history} if history else {}
@@ -216,7 +216,7 @@ def _setup(run: _Run) -> None:
     checkpointing = decide_checkpointing(run.resolved)
     log.info(checkpointing.line)
     run.model = build_model(run.cfg, run.typed)
-    run.datamodule = build_datamodule(run.cfg, run.model)
+    run.datamodule = build_datamodule(run.typed, run.model)
     run.module = build_module(run.typed, run.model, checkpointing.on)
     run.loggers = build_logger(run.typed.logger, run.run_dir, run.resolved, resume=run.point.path is not None)
     if run.rank_zero:
@@ -234,7 +234,7 @@ def _fit(run: _Run) -> float:
     """Lightning's fit (resumed from `run.ckpt`), the final step always checkpointed; returns its seconds."""
     t0 = time.perf_counter()
     with warnings.catch_warnings():
-        if getattr(getattr(run.datamodule, "cfg", None), "streaming", True) is False:
+        if not run.typed.data.streaming:
             # The map-style sampler resumes mid-epoch (lmk.train.resume); Lightning cannot tell and warns it
             # does not. A stream has no position to restore: that warning stays.
             warnings.filterwarnings("ignore", message=".*dataloader is not resumable.*")

@@ -15,14 +15,14 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
 from torch import Tensor
 
-from lmk.config import RootConfig
+from lmk.config import RootConfig, TrainSection
 from lmk.model.long_attention import guard_padded_rows
 from lmk.train.gradcache import grad_cache_step
 from lmk.train.losses import info_nce
@@ -30,7 +30,11 @@ from lmk.train.losses import info_nce
 log = logging.getLogger(__name__)
 
 
-WARMUP_SHAPES = ("log", "linear")
+# The warm-up curves by `train.warmup_shape` (the schema allows exactly these names): gamma(i) for i < W
+WARMUP_CURVES: dict[str, Callable[[int, int], float]] = {
+    "log": lambda i, warm: math.log(i + 1) / math.log(warm),
+    "linear": lambda i, warm: i / warm,
+}
 
 
 def warmup_decay(warmup_steps: int, max_steps: int, shape: str = "log"):  # noqa: ANN201 - a lr lambda
@@ -42,8 +46,7 @@ def warmup_decay(warmup_steps: int, max_steps: int, shape: str = "log"):  # noqa
     minimum (0) and advanced after each optimiser step, so step k runs at gamma(k - 1): step 0 at 0.
     DeepSpeed refuses 0 warm-up steps; here 0 means no warm-up: (T - k) / T from step 0.
     """
-    if shape not in WARMUP_SHAPES:
-        raise ValueError(f"warmup shape {shape!r} is not valid; allowed values: {', '.join(WARMUP_SHAPES)}")
+    curve = WARMUP_CURVES[shape]  # the name was checked with the config (TrainSection.warmup_shape)
     total = int(max_steps)
     if int(warmup_steps) <= 0:
         return lambda step: max(0.0, (total - step) / max(1, total))
@@ -53,7 +56,7 @@ def warmup_decay(warmup_steps: int, max_steps: int, shape: str = "log"):  # noqa
         if i < 0:
             return 0.0
         if i < warm:
-            return math.log(i + 1) / math.log(warm) if shape == "log" else i / warm
+            return curve(i, warm)
         return max(0.0, (total - i) / max(1.0, total - warm))
 
     return lambda step: gamma(step - 1)
@@ -71,52 +74,39 @@ class ContrastiveModule(pl.LightningModule):
     def __init__(
         self,
         model: torch.nn.Module,
-        tau: float = 0.02,
-        lr: float = 2e-5,
-        weight_decay: float = 0.0,
-        warmup_steps: int = 250,
-        warmup_shape: str = "log",
-        grad_scale: float = 1.0,
+        train: TrainSection | Mapping[str, Any] | None = None,
         max_steps: int = 5000,
-        grad_cache: bool = False,
-        grad_cache_chunk: int = 32,
-        gather_across_devices: bool = True,
-        in_batch_negatives: bool = True,
-        use_teacher_scores: bool = True,
-        teacher_temperature: float = 1.0,
         gradient_checkpointing: bool = False,
         gradient_clip_val: float | None = None,
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
+        **settings: Any,
     ) -> None:
+        """`train`: the validated `train.*` section as it is; or its keys as keyword arguments (`tau=0.05`), or a
+        mapping of them (a checkpoint's hyperparameters), checked by the same schema (TrainSection)."""
         super().__init__()
-        if tau <= 0:
-            raise ValueError(f"tau must be > 0, got {tau}")
-        if warmup_shape not in WARMUP_SHAPES:
-            raise ValueError(f"warmup_shape={warmup_shape!r} is not valid; allowed values: {', '.join(WARMUP_SHAPES)}")
-        if not grad_scale > 0:
-            raise ValueError(f"grad_scale={grad_scale!r} is not valid; allowed values: a number > 0")
+        if train is not None and settings:
+            raise TypeError(f"ContrastiveModule: give `train` or its keys ({', '.join(sorted(settings))}), not both")
+        self.cfg: TrainSection = TrainSection.coerce(settings if train is None else train)
         self.model = model
         # HF from_pretrained returns eval mode; Lightning keeps each module's mode, so train (dropout) here.
         self.model.train()
         # padded rows of sliding-window layers attend to themselves (CUDA kernels can return NaN for a keyless row)
         guard_padded_rows(getattr(model, "backbone", None))
-        self.tau, self.lr, self.weight_decay = tau, lr, weight_decay
-        self.warmup_steps, self.max_steps, self.warmup_shape = warmup_steps, max_steps, warmup_shape
-        # Multiplies the loss before backward only (the logged loss is unscaled). 1.0 = the gradient of the
-        # mean loss over the global batch; the authors' distillation loss reached 1/20 of that (docs/method.md).
-        self.grad_scale = float(grad_scale)
-        self.grad_cache, self.grad_cache_chunk = grad_cache, grad_cache_chunk
-        self.gather_across_devices, self.in_batch_negatives = gather_across_devices, in_batch_negatives
-        self.use_teacher_scores, self.teacher_temperature = use_teacher_scores, teacher_temperature
+        self.max_steps = max_steps
+        # Trainer-side settings the module applies itself under manual optimisation (grad cache clips here:
+        # Trainer(gradient_clip_val=...) is refused in manual mode)
         self.gradient_clip_val = gradient_clip_val
         self.betas, self.eps = tuple(betas), eps
-        # Grad cache backprops chunk by chunk, which Lightning's automatic optimisation cannot express;
-        # gradient clipping then happens here (Trainer(gradient_clip_val=...) is refused in manual mode).
-        self.automatic_optimization = not grad_cache
+        # Grad cache backprops chunk by chunk, which Lightning's automatic optimisation cannot express.
+        self.automatic_optimization = not self.cfg.grad_cache
         if gradient_checkpointing:
             self.enable_gradient_checkpointing()
-        self.save_hyperparameters(ignore=["model"])
+        # Flat, plain values (the keys checkpoints always carried): `load_from_checkpoint(path, model=...)` passes
+        # them back as keyword arguments
+        self.save_hyperparameters({**self.cfg.to_dict(), "max_steps": max_steps,
+                                   "gradient_checkpointing": gradient_checkpointing,
+                                   "gradient_clip_val": gradient_clip_val, "betas": self.betas, "eps": eps})
         self._last_step_time: float | None = None
         # The loss of the optimiser step in progress (summed over accumulated batches), read and reset by
         # lmk.train.guard.NonFiniteGuard before the step.
@@ -141,7 +131,7 @@ class ContrastiveModule(pl.LightningModule):
     def _gather(self, p: Tensor) -> tuple[Tensor, int]:
         """All passages of the global batch (with gradients) and this rank's offset into them."""
         world = self._world()
-        if world == 1 or not self.gather_across_devices or not self.in_batch_negatives:
+        if world == 1 or not self.cfg.gather_across_devices or not self.cfg.in_batch_negatives:
             return p, 0
         gathered = self.all_gather(p, sync_grads=True)  # [W, N, d]; needs equal N on every rank
         if self._trainer is not None and self.global_step == self.fit_start_step:
@@ -155,10 +145,10 @@ class ContrastiveModule(pl.LightningModule):
             raise ValueError(f"{p.shape[0]} passages for {b} queries: the batch must hold B*G passages")
         group = p.shape[0] // b
         p_all, offset = self._gather(p)
-        scores = teacher_scores if self.use_teacher_scores else None
+        scores = teacher_scores if self.cfg.use_teacher_scores else None
         return info_nce(
-            q, p_all, tau=self.tau, group_size=group, in_batch=self.in_batch_negatives,
-            teacher_scores=scores, offset=offset, teacher_temperature=self.teacher_temperature,
+            q, p_all, tau=self.cfg.tau, group_size=group, in_batch=self.cfg.in_batch_negatives,
+            teacher_scores=scores, offset=offset, teacher_temperature=self.cfg.teacher_temperature,
         )
 
     def forward_loss(self, batch: Mapping[str, Any]) -> Tensor:
@@ -167,13 +157,13 @@ class ContrastiveModule(pl.LightningModule):
 
     # ---- training ------------------------------------------------------------------------------
     def training_step(self, batch: Mapping[str, Any], batch_idx: int) -> Tensor | None:
-        if self.grad_cache:
+        if self.cfg.grad_cache:
             loss = self._grad_cache_step(batch)
         else:
             loss = self.forward_loss(batch)
             self._note_loss(loss)
         self._log_step(batch, loss)
-        return None if self.grad_cache else loss * self.grad_scale
+        return None if self.cfg.grad_cache else loss * self.cfg.grad_scale
 
     def _grad_cache_step(self, batch: Mapping[str, Any]) -> Tensor:
         opt = self.optimizers()
@@ -185,17 +175,17 @@ class ContrastiveModule(pl.LightningModule):
         no_sync = getattr(wrapped, "no_sync", None) if self._world() > 1 else None
         loss = grad_cache_step(
             self.embed, batch["query"], batch["passage"],
-            lambda q, p: self.compute_loss(q, p, teacher) * self.grad_scale,
-            chunk_size=self.grad_cache_chunk, backward=self.manual_backward,
+            lambda q, p: self.compute_loss(q, p, teacher) * self.cfg.grad_scale,
+            chunk_size=self.cfg.grad_cache_chunk, backward=self.manual_backward,
             no_sync=no_sync or (lambda: contextlib.nullcontext()),
         )
-        self._note_loss(loss / self.grad_scale)
+        self._note_loss(loss / self.cfg.grad_scale)
         if self.gradient_clip_val:
             self.clip_gradients(opt, gradient_clip_val=self.gradient_clip_val, gradient_clip_algorithm="norm")
         opt.step()
         if sched is not None:
             sched.step()
-        return loss / self.grad_scale
+        return loss / self.cfg.grad_scale
 
     def _note_loss(self, loss: Tensor) -> None:
         loss = loss.detach()
@@ -236,11 +226,11 @@ class ContrastiveModule(pl.LightningModule):
         for name, param in self.model.named_parameters():
             if param.requires_grad:
                 (no_decay if _no_decay(name) else decay).append(param)
-        groups = [{"params": decay, "weight_decay": self.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        groups = [{"params": decay, "weight_decay": self.cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
         groups = [g for g in groups if g["params"]]
-        optimizer = torch.optim.AdamW(groups, lr=self.lr, betas=self.betas, eps=self.eps)
+        optimizer = torch.optim.AdamW(groups, lr=self.cfg.lr, betas=self.betas, eps=self.eps)
         schedule = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, warmup_decay(int(self.warmup_steps), self._total_steps(), self.warmup_shape)
+            optimizer, warmup_decay(self.cfg.warmup_steps, self._total_steps(), self.cfg.warmup_shape)
         )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step", "frequency": 1}}
 
@@ -248,16 +238,9 @@ class ContrastiveModule(pl.LightningModule):
 def build_module(typed: RootConfig, model: Any, gradient_checkpointing: bool | None = None) -> ContrastiveModule:
     """The ContrastiveModule of a validated config around `model` (training's settings, its clipping rule), with
     gradient checkpointing as the job decided it (`lmk.train.memory.decide_checkpointing`; None: only if `true`)."""
-    t = typed.train
     if gradient_checkpointing is None:
         gradient_checkpointing = getattr(typed.encoder, "gradient_checkpointing", False) is True
-    return ContrastiveModule(
-        model, tau=t.tau, lr=t.lr, weight_decay=t.weight_decay, warmup_steps=t.warmup_steps,
-        warmup_shape=t.warmup_shape, grad_scale=t.grad_scale,
-        max_steps=typed.trainer.max_steps, grad_cache=t.grad_cache, grad_cache_chunk=t.grad_cache_chunk,
-        gather_across_devices=t.gather_across_devices, in_batch_negatives=t.in_batch_negatives,
-        use_teacher_scores=t.use_teacher_scores, teacher_temperature=t.teacher_temperature,
-        gradient_checkpointing=gradient_checkpointing,
-        # manual optimisation (grad cache) clips in the module; otherwise the Trainer clips
-        gradient_clip_val=typed.trainer.gradient_clip_val if t.grad_cache else None,
-    )
+    # manual optimisation (grad cache) clips in the module; otherwise the Trainer clips
+    clip = typed.trainer.gradient_clip_val if typed.train.grad_cache else None
+    return ContrastiveModule(model, typed.train, max_steps=typed.trainer.max_steps,
+                             gradient_checkpointing=gradient_checkpointing, gradient_clip_val=clip)
