@@ -93,12 +93,16 @@ def _pooling(model: EmbeddingModel) -> str:
     return "\n".join(lines)
 
 
+def _shown_before(cell: dict) -> str:
+    """A cell of a table written before tables kept the printed text (its value is already rounded to 2 places)."""
+    return ("—" if cell["value"] is None else f"{cell['value']:.1f}") + ("†" if cell.get("significant") else "")
+
+
 def _row(row: TableRow | None) -> str:
     if row is None:
         return "No Table 2 was built over this run's sweep, so the card shows no row."
     labels = [c["column_label"] for c in row.cells]
-    values = [("—" if c["value"] is None else f"{c['value']:.1f}") + ("†" if c.get("significant") else "")
-              for c in row.cells]
+    values = [c["shown"] if "shown" in c else _shown_before(c) for c in row.cells]
     first = row.cells[0]
     out = [f"Row **{row.label}** of `{row.spec}` at scale `{row.scale}` (`{row.table.name}`), scores x100; † marks a "
            "cell that differs from the table's baseline row (paired t-test over queries, p < 0.05):", "",

@@ -376,6 +376,9 @@ def to_rows(table: Table) -> list[dict[str, Any]]:
                 records.append({"block": block, "row": row_id, "label": table.labels.get(row_id, row_id),
                                 "column": key, "column_label": label,
                                 "value": None if cell.value is None else round(100 * cell.value, 2),
+                                # the Markdown cell as printed (x100, one decimal, marks, no bold): readers show
+                                # this, since rounding `value` again can differ (33.449 -> 33.45 -> 33.5)
+                                "shown": _fmt(cell, ("", "")),
                                 "best": cell.best, "significant": cell.significant, "p_value": cell.p_value,
                                 "run_dir": cell.run_dir, "git_commit": cell.git_commit,
                                 "config_hash": cell.config_hash, "n_seeds": cell.n_seeds,
