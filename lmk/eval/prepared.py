@@ -110,11 +110,7 @@ def incomplete(folder: Path) -> str | None:
         meta = json.loads(marker.read_text())
     except json.JSONDecodeError:
         return f"{marker} is not valid JSON"
-    for rel, size in (meta.get("files") or {}).items():
-        path = folder / rel
-        if not path.is_file() or path.stat().st_size != size:
-            return f"{rel} is missing or truncated"
-    return None
+    return mirror.missing_or_truncated(folder, meta.get("files") or {})
 
 
 # ---- writing: once, before the jobs ----------------------------------------------------------------------

@@ -96,6 +96,16 @@ def mark_complete(folder: str | os.PathLike, repo_id: str, revision: str | None,
     return folder / COMPLETE
 
 
+def missing_or_truncated(folder: Path, files: dict[str, int]) -> str | None:
+    """The first file of a completion record ({path relative to `folder`: size}) that is absent or of another size
+    (a copy cut short), as a reason; None when every file is whole."""
+    for rel, size in files.items():
+        path = folder / rel
+        if not path.is_file() or path.stat().st_size != size:
+            return f"{rel} is missing or truncated"
+    return None
+
+
 def incomplete(folder: str | os.PathLike, config: str | None = None) -> str | None:
     """None when `folder` holds a complete repo copy (with `config` when given), else why it does not.
 
@@ -116,10 +126,9 @@ def incomplete(folder: str | os.PathLike, config: str | None = None) -> str | No
         meta = json.loads(marker.read_text())
     except json.JSONDecodeError:
         return f"{marker} is not valid JSON"
-    for rel, size in (meta.get("files") or {}).items():
-        path = folder / rel
-        if not path.is_file() or path.stat().st_size != size:
-            return f"{rel} is missing or truncated"
+    missing = missing_or_truncated(folder, meta.get("files") or {})
+    if missing:
+        return missing
     configs = meta.get("configs")
     if config is not None and configs is not None and config not in configs:
         return f"config {config!r} is not in it (it holds {', '.join(map(str, configs))})"
