@@ -201,8 +201,7 @@ def _build(cls: type, node: Any, path: str) -> Any:
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown_keys(path, set(node), set(fields))
     sections = {k: v for k, v in node.items() if dataclasses.is_dataclass(_hints(cls)[k])}
-    kwargs = _convert(cls, {k: v for k, v in node.items() if k not in sections}, path) if len(sections) < len(
-        node) else {}
+    kwargs = _convert(cls, {k: v for k, v in node.items() if k not in sections}, path)
     for name, value in sections.items():
         kwargs[name] = build_section(_hints(cls)[name], value, f"{path}.{name}" if path else name)
     try:
@@ -221,7 +220,6 @@ def to_container(cfg: Any) -> dict[str, Any]:
         except Exception as err:  # an interpolation / missing value: name it
             raise ConfigError(f"config does not resolve: {err}") from err
     return dict(cfg)
-
 
 
 def plain(value: Any) -> Any:
