@@ -33,7 +33,6 @@ help:
 	@echo "                                 on a GPU (JSON), on the node's own Python; installs nothing (docs/gpu-node.md)"
 	@echo "make wheelhouse [NODE=freeze.txt] [NODE_PYTHON=3.12] [GROUP=full|light]  one archive of what a GPU node lacks"
 	@echo "make test-node                   the GPU node simulated: its packages + the archive, no network (slow)"
-	@echo 'GPU session (device tool), after make wheelhouse:  $(GPU_RUN)'
 
 install: $(STAMP)
 
@@ -68,7 +67,7 @@ lock:
 	$(PY) lmk/run/environment.py lock $(VENV)/lock-report.json requirements.lock
 
 lint: install
-	$(VENV)/bin/ruff check lmk tests benchmarks experiments hydra_plugins
+	$(VENV)/bin/ruff check lmk tests benchmarks experiments hydra_plugins tools
 	$(VENV)/bin/lint-imports --no-cache   # the layering contracts of pyproject.toml (docs/architecture.md)
 
 reproduce-table2: install
@@ -118,8 +117,6 @@ wheelhouse:
 	  $(foreach f,$(NODE),--node $(f)) --group $(GROUP) --python-version $(NODE_PYTHON) --out $(WHEELHOUSE_OUT) \
 	  $(if $(MAX_MIB),--max-mib $(MAX_MIB),) --preset $(XZ_PRESET)
 
-# The device tool's one command for a GPU session (docs/gpu-node.md): carry .wheelhouse/lmk-h200-cp312.tar.xz.
-GPU_RUN := python3 -m pip list --format=freeze >$$OUT/node-freeze.txt 2>&1; nvidia-smi >$$OUT/nvidia-smi.txt 2>&1; set -o pipefail; export PYTHONUNBUFFERED=1; if command -v make >/dev/null; then make gpu-check PYTHON=python3 WHEELHOUSE=.wheelhouse/lmk-h200-cp312.tar.xz OUT=$$OUT; else python3 -m benchmarks.gpu_check --out $$OUT/gpu_check --wheelhouse .wheelhouse/lmk-h200-cp312.tar.xz; fi 2>&1 | tee $$OUT/gpu-check.log
 
 # The GPU node simulated (tests/test_node.py, marker slow): a fresh venv of only its packages, the archives of
 # `make wheelhouse` for this Python, no network; every section of --cpu-smoke, then the light archive alone.
@@ -133,9 +130,10 @@ rehearse-nodes: install
 	  experiment=table2-rehearsal launcher.nodes=$(NODES) pooling=cls ++row=cls overwrite=true \
 	  hydra.run.dir=$(OUT)/rehearsal-nodes/cls
 
-# A real two-node SLURM cluster with accounting on this machine (root, Debian; lmk/run/local_slurm.py). The
-# module is stdlib-only, so the system python runs it with the checkout on PYTHONPATH: no `make install` first.
-LOCAL_SLURM := PYTHONPATH=$(CURDIR) $(PYTHON) -m lmk.run.local_slurm
+# A real two-node SLURM cluster with accounting on this machine (root, Debian; a development tool in
+# tools/local_slurm/, not part of the library). Stdlib-only, so the system python runs it with tools/ on
+# PYTHONPATH: no `make install` first.
+LOCAL_SLURM := PYTHONPATH=$(CURDIR)/tools $(PYTHON) -m local_slurm
 slurm-up:
 	$(LOCAL_SLURM) up
 

@@ -10,6 +10,9 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 
 import pytest  # noqa: E402
 
+# tests write nothing into the repository: the run fails naming what one left there
+from repo_guard import pytest_sessionfinish, pytest_sessionstart  # noqa: E402,F401
+
 # a few sentences of varied English to train the tiny BPE vocabulary on
 _BPE_CORPUS = [
     "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again.",

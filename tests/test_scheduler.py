@@ -162,12 +162,14 @@ def test_a_stale_lock_of_an_ended_job_is_cleared(bad_day):
     assert not (bad_day["out"] / "stale" / "run.lock").exists()
 
 
-def test_a_lock_of_another_users_job_is_unknown_never_dead():
+def test_a_lock_of_another_users_job_is_unknown_never_dead(tmp_path):
     """PrivateData=jobs: a user sees only their own jobs; another user's live job must not read as dead."""
     if not _cluster_up():
         pytest.fail("no idle SLURM cluster here: run `make slurm-up` first")
-    job = subprocess.run(["sbatch", "--parsable", "-p", "debug", "-N", "1", "-c", "1", "--wrap", "sleep 120"],
-                         capture_output=True, text=True, check=True).stdout.strip().split(";")[0]
+    # its log in tmp_path: sbatch's default is slurm-<job>.out in the submitting directory (the checkout)
+    job = subprocess.run(["sbatch", "--parsable", "-p", "debug", "-N", "1", "-c", "1", f"--output={tmp_path}/%j.out",
+                          "--wrap", "sleep 120"], capture_output=True, text=True, check=True,
+                         cwd=tmp_path).stdout.strip().split(";")[0]
     try:
         probe = ("import sys; sys.path.insert(0, sys.argv[1]); from lmk.run.scheduler import slurm_job; "
                  "print(slurm_job(sys.argv[2], sys.argv[3]).verdict)")

@@ -10,6 +10,4 @@
     loggers.py  W&B (offline without credentials, never fatal) + CSV; quiet console logging
     cli.py      a command line that does not compose -> one line on stderr
     cluster.py  Lightning's view of the ranks submitit's local executor starts
-    local_slurm.py  a real two-node SLURM cluster with accounting on this machine (up | down | status)
-    local_slurm_conf.py  its nodes, paths and config files (what the scheduler tests rely on)
 """

@@ -1,5 +1,5 @@
-"""A real two-node SLURM cluster with accounting on this machine: `python -m lmk.run.local_slurm up|down|status`
-(`make slurm-up | slurm-down | slurm-status`), so scheduler behaviour (requeue, time limits, node loss, job
+"""A real two-node SLURM cluster with accounting on this machine: `python -m local_slurm up|down|status` with
+`tools/` on the path (`make slurm-up | slurm-down | slurm-status`), so scheduler behaviour (requeue, time limits, node loss, job
 states, pending jobs) is tested on the scheduler paper-scale users run on. `lmk.run.cluster` stays the stand-in
 for machines without SLURM.
 
@@ -8,13 +8,14 @@ then runs munged, MariaDB, slurmdbd (so `sacct` answers, as submitit expects), s
 this host as nodes n1 and n2 (Debian builds slurmd with MULTIPLE_SLURMD). Idempotent: a second `up` finds every
 daemon by its pid file and says "already up". `down` cancels every job, then stops what `up` started; the
 packages, configs, accounting database and state stay, so the next `up` takes seconds. `up` also resumes a node
-left DOWN or DRAINED (by a node-loss test) whose slurmd answers. Stdlib only, as is `lmk.run.local_slurm_conf`
-(its one lmk import): the make targets run it with the system python3 before the project is installed.
+left DOWN or DRAINED (by a node-loss test) whose slurmd answers. Stdlib only, as is `local_slurm.conf`
+(its one import of its own): the make targets run it with the system python3 before the project is installed.
+A development tool: it lives outside the `lmk` package a cluster user installs.
 
 Files: /etc/slurm/slurm.conf, /etc/slurm/slurmdbd.conf (mode 600), /etc/munge/munge.key; logs in /var/log/slurm
 (MariaDB: /var/log/mysql/error.log, munged: /var/log/munge/munged.log); state in /var/spool/slurmctld and
 /var/spool/slurmd/<node>; pid files in /run. What the cluster is (nodes, paths, config texts, the settings the
-scheduler tests rely on) is in `lmk.run.local_slurm_conf`.
+scheduler tests rely on) is in `local_slurm.conf`.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from lmk.run.local_slurm_conf import (
+from .conf import (
     CLUSTER,
     CTLD_STATE,
     DAEMONS,
@@ -179,7 +180,7 @@ def run(cmd: Sequence[str], *, check: bool = True, stdin: str | None = None,
     if check and proc.returncode != 0:
         tail = " ".join((proc.stderr + proc.stdout).split())[-400:]
         raise ClusterError(f"`{' '.join(cmd)}` failed ({proc.returncode}): {tail}; see the logs that "
-                           "`python -m lmk.run.local_slurm status` names")
+                           "`make slurm-status` names")
     return proc
 
 
@@ -419,7 +420,7 @@ def status() -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m lmk.run.local_slurm",
+    parser = argparse.ArgumentParser(prog="python -m local_slurm",
                                      description="A two-node SLURM cluster with accounting on this machine.")
     parser.add_argument("action", choices=("up", "down", "status"))
     args = parser.parse_args(argv)

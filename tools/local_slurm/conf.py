@@ -1,4 +1,4 @@
-"""What the local SLURM cluster is (`lmk.run.local_slurm` runs it): its nodes, the paths of its daemons' pid files,
+"""What the local SLURM cluster is (`local_slurm.cluster` runs it): its nodes, the paths of its daemons' pid files,
 logs and state, and the text of its config files. Pure and stdlib-only, so the tests read the settings the
 scheduler tests rely on without a cluster.
 """
@@ -45,7 +45,7 @@ def slurm_conf(host: str, mem_mb: int) -> str:
     nodes = "\n".join(f"NodeName={n} NodeHostname={host} Port={p} CPUs=1 RealMemory={mem_mb} State=UNKNOWN"
                       for n, p in zip(NODES, PORTS))
     return f"""\
-# Written by `python -m lmk.run.local_slurm up` (make slurm-up), which rewrites it: edit the module instead.
+# Written by `make slurm-up` (tools/local_slurm), which rewrites it: edit the module instead.
 # Two nodes on one host: two slurmd daemons (-N n1, -N n2), each with its own port, spool, log and pid file (%n).
 ClusterName={CLUSTER}
 SlurmctldHost={host}
@@ -101,7 +101,7 @@ PartitionName={PARTITION} Nodes={','.join(NODES)} Default=YES MaxTime=INFINITE S
 def slurmdbd_conf(host: str, password: str) -> str:
     """slurmdbd.conf (mode 600: it holds the database password)."""
     return f"""\
-# Written by `python -m lmk.run.local_slurm up` (make slurm-up), which rewrites it.
+# Written by `make slurm-up` (tools/local_slurm), which rewrites it.
 AuthType=auth/munge
 DbdHost={host}
 SlurmUser=root
@@ -123,4 +123,4 @@ def hosts_with_nodes(text: str) -> str | None:
     if not missing:
         return None
     sep = "\n" if text and not text.endswith("\n") else ""
-    return f"{text}{sep}127.0.0.1 {' '.join(missing)}  # nodes of the local SLURM cluster (lmk.run.local_slurm)\n"
+    return f"{text}{sep}127.0.0.1 {' '.join(missing)}  # nodes of the local SLURM cluster (tools/local_slurm)\n"
