@@ -163,8 +163,3 @@ class EvalConfig(Coercible):
     def from_cfg(cls, cfg: Any) -> EvalConfig:
         """Build from a DictConfig / mapping / EvalConfig; unknown keys are an error naming the known ones."""
         return cls.coerce(cfg)
-
-
-def validate_eval_config(cfg: Any) -> EvalConfig:
-    """Check an `eval` config section (used by lmk.config.validate); returns the typed config."""
-    return EvalConfig.from_cfg(cfg)

@@ -33,7 +33,6 @@ from lmk.config.schema import (
 PRECISIONS = ("32", "32-true", "64", "64-true", "16", "16-mixed", "bf16", "bf16-mixed", "16-true", "bf16-true",
               "transformer-engine")
 ACCELERATORS = ("cpu", "gpu", "cuda", "mps", "tpu", "auto")
-LOGGERS = ("wandb", "csv", "none")
 # `ckpt_path` values: the resume rule (the newest checkpoint of the run folder that loads and carries this config's
 # hash, else a fresh start; `last` is the older spelling), a fresh start, or else a checkpoint file.
 CKPT_AUTO = ("auto", "last")
@@ -92,11 +91,7 @@ class TrainerSection(Coercible):
     deterministic: Any = True
     benchmark: bool | None = None
     log_every_n_steps: int = at_least(1, 10)
-    val_check_interval: Any = None
-    check_val_every_n_epoch: int | None = 1
     limit_train_batches: Any = None
-    limit_val_batches: Any = None
-    num_sanity_val_steps: int | None = None
     enable_progress_bar: bool = True
     enable_model_summary: bool = True
     enable_checkpointing: bool = True

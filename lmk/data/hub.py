@@ -1,7 +1,8 @@
 """Loaders for the real data sets on the Hugging Face hub (users with a network).
 
-- training pairs in BGE format: `HUB_SOURCES` (MS MARCO passage / document from ``cfli/bge-full-data``,
-  the BGE "full data" release); used through `SourceConfig(path=<hub id>, data_files=...)`.
+- training pairs in BGE format (MS MARCO passage from ``cfli/bge-full-data``, the BGE "full data" release):
+  named by the data config (conf/data/msmarco-passage.yaml) and read through `SourceConfig(path=<hub id>,
+  data_files=...)`.
 - LongEmbed (``dwzhu/LongEmbed``): `load_longembed(task)` -> {length: RetrievalCorpus} for the synthetic
   tasks, {"test": RetrievalCorpus} for the real ones.
 - MLDR (``Shitao/MLDR``): `load_mldr(lang="en", split="test")` -> RetrievalCorpus.
@@ -43,10 +44,6 @@ LONGEMBED_ID = "dwzhu/LongEmbed"
 MLDR_ID = "Shitao/MLDR"
 LONGEMBED_TASKS = ("passkey", "needle", "narrativeqa", "qmsum", "summ_screen_fd", "2wikimqa")
 SYNTHETIC_TASKS = ("passkey", "needle")
-HUB_SOURCES: dict[str, dict[str, Any]] = {
-    "msmarco-passage": {"path": BGE_FULL_DATA_ID, "data_files": "data/msmarco_passage-*.parquet", "split": "train"},
-    "msmarco-document": {"path": BGE_FULL_DATA_ID, "data_files": "data/msmarco_document-*.parquet", "split": "train"},
-}
 _OFFLINE_ALTERNATIVE = {
     LONGEMBED_ID: "lmk.data.longembed.generate_passkey / generate_needle (regenerated offline)",
     MLDR_ID: "lmk.data.longdocs.build_longdoc_corpus (offline long-document task)",
@@ -107,13 +104,6 @@ def load_mldr(lang: str = "en", split: str = "test") -> RetrievalCorpus:
     qs = [{"id": str(r["query_id"]), "text": r["query"]} for r in rows]
     rel = {str(r["query_id"]): {str(p["docid"]): 1 for p in r["positive_passages"]} for r in rows}
     return RetrievalCorpus.from_records(f"MLDR-{lang}", split, docs, qs, rel)
-
-
-def hub_source(name: str) -> dict[str, Any]:
-    """The SourceConfig keys of a known hub training set (msmarco-passage / msmarco-document)."""
-    if name not in HUB_SOURCES:
-        raise ValueError(f"hub training set {name!r} is not known; allowed values: {', '.join(HUB_SOURCES)}")
-    return dict(HUB_SOURCES[name], name=name)
 
 
 # ------------------------------------------------------------------------------- BGE repo layout

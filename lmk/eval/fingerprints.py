@@ -33,7 +33,6 @@ import pyarrow.parquet as pq
 from lmk.config.eval import LENGTHS
 from lmk.data import longembed, offline_pairs, replica
 from lmk.eval.replicas import REPLICAS, Sizes, _content_hash, _eval_split
-from lmk.hub import mirror
 from lmk.run.environment import lock_hash
 
 PINNED = "data_fingerprints.json"
@@ -96,12 +95,6 @@ def compare(current: dict[str, str], env_fp: str, pins: dict[str, Any] | None = 
         cause = "the code changed" if same_env or name not in FROM_PACKAGES else "your environment differs"
         out.append(f"{name}: {fp}, pinned {want} ({cause})")
     return out
-
-
-def mirror_revisions(root: Path) -> dict[str, str]:
-    """{repo: revision} of the replicas a mirror's manifest records (their revision is their content hash)."""
-    return {e["repo_id"]: e["revision"] for e in mirror.read_manifest(root)["artifacts"]
-            if e.get("source") == "replica"}
 
 
 def main(argv: list[str] | None = None) -> int:

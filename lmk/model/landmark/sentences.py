@@ -17,7 +17,6 @@ Three splitters, chosen by ``PoolingConfig.sentence_splitter``:
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
 from functools import lru_cache
 
 from .koehn import languages as koehn_languages
@@ -114,11 +113,3 @@ def split_sentences(
     if splitter == "multilingual":
         return _multilingual(text, language)
     return _sentencex(text, language)
-
-
-def split_batch(
-    texts: Sequence[str], language: str = DEFAULT_LANGUAGE, splitter: str = DEFAULT_SPLITTER,
-    prefix_dir: str | None = None,
-) -> list[list[str]]:
-    """`split_sentences` for each text of a batch."""
-    return [split_sentences(t, language, splitter, prefix_dir) for t in texts]
