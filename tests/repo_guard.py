@@ -72,5 +72,6 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         reporter.section("files the tests left in the repository", red=True)
         for path in paths:
             reporter.write_line(f"  {path}")
-        reporter.write_line("  a test writes into the checkout: give it tmp_path (or cwd=tmp_path) instead")
+        reporter.write_line("  a test writes into the checkout: give it tmp_path (or cwd=tmp_path) instead "
+                            "(or these files were edited while the tests ran: run them again)")
     session.exitstatus = pytest.ExitCode.TESTS_FAILED

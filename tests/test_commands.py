@@ -92,9 +92,12 @@ def test_make_table2_as_typed_rebuilds_the_table_from_the_results(tiny_sweep):
 
 
 def test_the_readme_one_minute_run_as_typed_prints_the_scores_it_quotes(tmp_path):
-    """The README's first-screen run (three zero-shot evaluations of MiniLM), its bash block run as written, in a
-    fresh folder; the scores the README quotes are the ones it prints."""
-    command = readme_block("bash", "python -m lmk.evaluate")
+    """The README's first-screen run (three zero-shot evaluations of MiniLM), the line of its first block run as
+    written, in a fresh folder, before the 17-minute table; the scores the README quotes are the ones it prints."""
+    block = readme_block("bash", "python -m lmk.evaluate")
+    (command,) = [line for line in block.splitlines() if "python -m lmk.evaluate" in line]
+    assert README.index(block) < README.index("make reproduce-table2")  # the minute before the table
+    assert block.index(command) < block.index("make reproduce-table2")
     # the laptop CPU the README speaks of: on a CUDA machine `eval.device=auto` would run bf16, other digits
     proc = subprocess.run(["bash", "-c", command], cwd=tmp_path, env=user_env(CUDA_VISIBLE_DEVICES=""),
                           capture_output=True, text=True, timeout=900)
@@ -111,23 +114,48 @@ def test_the_readme_one_minute_run_as_typed_prints_the_scores_it_quotes(tmp_path
     assert printed == pytest.approx(expected, abs=0.005), f"README quotes {expected}, the run printed {printed}"
 
 
-def test_the_readme_python_example_runs(tmp_path):
-    """The README's Python block, run as written in a fresh interpreter, in a folder where the export it loads
-    (`outputs/table2/mini/train/lmk-fixed-32/export`) is a tiny LMK model exported for the test."""
+def _readme_python_example() -> tuple[str, str, str]:
+    """The README's Python block, the folder it loads, and the README's command that makes that folder."""
     code = readme_block("python", "SentenceTransformer(")
     export = re.search(r'SentenceTransformer\("([^"]+)", trust_remote_code=True\)', code)
     assert export, "the README's Python example no longer loads an export by folder"
-    pooling = OmegaConf.to_container(OmegaConf.load(REPO / "conf" / "pooling" / "lmk-fixed.yaml"))
-    pooling.pop("_target_", None)
-    model = EmbeddingModel.build(TINY_ENCODER, pooling, query_max_length=16, passage_max_length=64)
-    export_sentence_transformers(model, tmp_path / export[1])
-    (tmp_path / "example.py").write_text(code)
-    proc = subprocess.run([sys.executable, "example.py"], cwd=tmp_path, env=user_env(), capture_output=True,
+    command = re.search(r"`(python -m lmk\.train experiment=tiny hydra\.run\.dir=(\S+))`", README)
+    assert command, "the README no longer names the command that makes the folder its Python example loads"
+    assert export[1] == f"{command[2]}/export"  # a training run exports into <run dir>/export
+    return code, export[1], command[1]
+
+
+def _run_readme_python_example(code: str, folder: Path) -> None:
+    (folder / "example.py").write_text(code)
+    proc = subprocess.run([sys.executable, "example.py"], cwd=folder, env=user_env(), capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     similar, other = map(float, re.search(r"tensor\(\[\[([0-9.e-]+), ([0-9.e-]+)\]\]\)", proc.stdout).groups())
     assert similar > other  # LMK-pooled MiniLM: the question is closer to the answer than to the bananas
     assert "(3, 64)" in proc.stdout  # the export: three texts, the tiny model's width
+
+
+def test_the_readme_python_example_runs(tmp_path):
+    """The README's Python block, run as written in a fresh interpreter, in a folder where the export it loads is a
+    tiny LMK model exported for the test (in a second; the slow test below makes it with the README's command)."""
+    code, export, _ = _readme_python_example()
+    pooling = OmegaConf.to_container(OmegaConf.load(REPO / "conf" / "pooling" / "lmk-fixed.yaml"))
+    pooling.pop("_target_", None)
+    model = EmbeddingModel.build(TINY_ENCODER, pooling, query_max_length=16, passage_max_length=64)
+    export_sentence_transformers(model, tmp_path / export)
+    _run_readme_python_example(code, tmp_path)
+
+
+@pytest.mark.slow
+def test_the_readme_python_example_runs_on_the_folder_the_readme_command_makes(tmp_path):
+    """A fresh clone's path: the README's training command as typed, then its Python block on what it wrote."""
+    code, export, command = _readme_python_example()
+    (tmp_path / "experiments").symlink_to(REPO / "experiments")
+    proc = subprocess.run(["bash", "-c", command], cwd=tmp_path, env=user_env(), capture_output=True, text=True,
+                          timeout=900)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert (tmp_path / export / "modules.json").is_file()
+    _run_readme_python_example(code, tmp_path)
 
 
 def test_make_prefetch_as_typed_fills_a_mirror_from_the_stand_in_hub(tmp_path):
@@ -184,6 +212,8 @@ ELSEWHERE = {
     "make lint": "ruff and the import contracts; tests/test_layers.py runs the contracts in the suite",
     "make bench": "minutes of benchmarks; tests/test_benchmarks.py runs each section at a small size",
     "make slurm-up": "needs root and apt; tests/test_local_slurm.py (marker slurm) runs on the cluster it starts",
+    "python -m lmk.train experiment=tiny hydra.run.dir=outputs/tiny":
+        "test_the_readme_python_example_runs_on_the_folder_the_readme_command_makes",
     "make test-slurm": "needs root and apt: the slurm-marked tests",
     "python -m lmk.evaluate model=<hub id or folder> pooling=lmk-fixed eval=beir15":
         "BEIR-15 comes from the hub; the README's one-minute run evaluates a folder model with the same command",

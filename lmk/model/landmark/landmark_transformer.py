@@ -32,7 +32,7 @@ from transformers import AutoModel, AutoTokenizer, PreTrainedModel
 
 from .koehn import prefix_file
 from .padded_rows import guard_padded_rows
-from .tokenization import LandmarkTokenizer
+from .tokenization import LandmarkTokenizer, say_unset_cut
 
 try:
     from sentence_transformers.base.modules import InputModule
@@ -116,10 +116,22 @@ class LandmarkTransformer(InputModule):
         self.landmark_tokenizer = landmark_tokenizer
         self.tokenizer = landmark_tokenizer.tokenizer  # the Hugging Face tokenizer (InputModule's attribute)
         self.max_positions = int(max_positions or self.tokenizer.model_max_length)
-        self.max_seq_length = int(max_seq_length or landmark_tokenizer.max_length)
+        self._max_seq_length = int(max_seq_length or landmark_tokenizer.max_length)
+        # neither given: the tokenizer's default length, said once when a text is cut there
+        self._length_set = max_seq_length is not None or landmark_tokenizer.max_length_set
         self.rope = bool(rope)
         self.attn_implementation = attn_implementation
         self.lmk = dict(lmk or {})  # lmk's own description of the model (names, configs); never read here
+
+    @property
+    def max_seq_length(self) -> int:
+        """The length texts are cut to after landmark insertion (`model.max_seq_length = N` sets it)."""
+        return self._max_seq_length
+
+    @max_seq_length.setter
+    def max_seq_length(self, value: int) -> None:
+        self._max_seq_length = int(value)
+        self._length_set = True
 
     def preprocess(self, inputs: Sequence[str], prompt: str | None = None, **kwargs: Any) -> dict[str, torch.Tensor]:
         """Landmark tokenization, cut to `max_seq_length` after insertion (and to the backbone's positions)."""
@@ -129,8 +141,12 @@ class LandmarkTransformer(InputModule):
                 raise ValueError(f"LandmarkTransformer takes text only; input {i} is {type(text).__name__}")
         if prompt:
             texts = [prompt + t for t in texts]
-        return self.landmark_tokenizer(texts, train=self.training,
-                                       max_length=min(self.max_seq_length, self.max_positions))
+        budget = min(self.max_seq_length, self.max_positions)
+        features = self.landmark_tokenizer(texts, train=self.training, max_length=budget)
+        if not self._length_set:
+            say_unset_cut(self, features, budget, "set `model.max_seq_length = N` (or LandmarkTransformer(..., "
+                          f"max_seq_length=N)); this backbone takes up to {self.max_positions} tokens")
+        return features
 
     def forward(self, features: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
         inputs = {k: features[k] for k in _BACKBONE_KEYS if k in features}

@@ -15,6 +15,7 @@ flat arrays (one scatter into one padded array): no Python loop per token, no pe
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping, Sequence
 from itertools import chain
 from typing import Any
@@ -38,6 +39,8 @@ _CONFIG_KEYS = (
     "max_sentence_tokens",
 )
 MIN_MAX_LENGTH = 3  # [CLS] + one content token + one landmark
+DEFAULT_MAX_LENGTH = 512  # where max_length is not given: a text cut there is said once (say_unset_cut)
+_log = logging.getLogger(__name__)
 # sentence strategy: a token spans well under this many characters on average (English ~4.5)
 _CHARS_PER_TOKEN = 8
 # sentence strategy at inference (the authors' eval script): a split whose pieces, joined by spaces, keep
@@ -50,6 +53,17 @@ def _check_positive_int(name: str, value: Any, minimum: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
     return int(value)
+
+
+def say_unset_cut(owner: Any, features: Mapping[str, torch.Tensor], budget: int, fix: str) -> None:
+    """Once per `owner` (a tokenizer, a model): a text filled `budget` tokens, a length nobody set, so texts are
+    being cut there; the warning names the length and `fix`, how to set it."""
+    mask = features["attention_mask"]
+    if getattr(owner, "_said_cut", False) or not mask.numel() or int(mask.sum(dim=1).max()) < budget:
+        return
+    owner._said_cut = True
+    _log.warning("%s: a text reached %d tokens (landmarks included) and was cut there, a default length nobody "
+                 "set; %s", type(owner).__name__, budget, fix)
 
 
 def _check_max_length(value: Any, name: str = "max_length") -> int:
@@ -121,7 +135,7 @@ class LandmarkTokenizer:
         strategy: str = "fixed",
         chunk_size: int = 32,
         train_chunk_sizes: Sequence[int] = (32, 64, 128, 256),
-        max_length: int = 512,
+        max_length: int | None = None,
         seed: int = 0,
         language: str = DEFAULT_LANGUAGE,
         sentence_splitter: str = DEFAULT_SPLITTER,
@@ -135,7 +149,8 @@ class LandmarkTokenizer:
         self._train_chunk_sizes = _check_chunk_sizes(train_chunk_sizes)
         if strategy != "variable":  # no draw: training uses chunk_size, whatever the list says
             self._train_chunk_sizes = (self._chunk_size,)
-        self._max_length = _check_max_length(max_length)
+        self._max_length = _check_max_length(DEFAULT_MAX_LENGTH if max_length is None else max_length)
+        self._max_length_set = max_length is not None
         self._seed = _check_positive_int("seed", seed, minimum=0)
         if not isinstance(language, str) or not language:
             raise ValueError(f"language must be a language code such as 'en', got {language!r}")
@@ -187,6 +202,11 @@ class LandmarkTokenizer:
     @property
     def max_length(self) -> int:
         return self._max_length
+
+    @property
+    def max_length_set(self) -> bool:
+        """Whether max_length was given (else DEFAULT_MAX_LENGTH, and a text cut there is said once)."""
+        return self._max_length_set
 
     @property
     def seed(self) -> int:
@@ -302,8 +322,11 @@ class LandmarkTokenizer:
             # content past budget - 1 can never land inside the budget, so it is not even converted
             layout = chunked_layout(*self._content(texts, budget - 1), chunk, strategy == "multi_cls",
                                     self._landmark_id, self._cls_id)
-        return pack(layout, budget, strategy=strategy, chunk_size=self._chunk_size, cls_id=self._cls_id,
-                    landmark_id=self._landmark_id, pad_id=self._pad_id, left_padding=self.padding_side == "left")
+        features = pack(layout, budget, strategy=strategy, chunk_size=self._chunk_size, cls_id=self._cls_id,
+                        landmark_id=self._landmark_id, pad_id=self._pad_id, left_padding=self.padding_side == "left")
+        if max_length is None and not self._max_length_set:
+            say_unset_cut(self, features, budget, "pass max_length=N to LandmarkTokenizer (or to the call)")
+        return features
 
     # ------------------------------------------------------------------------------------ layouts
     def _encode(self, texts: list[str], cap: int) -> list[list[int]]:
