@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 from transformers import BertConfig, BertModel, ModernBertConfig, ModernBertModel
 
 from lmk import analysis as an
-from lmk.analysis.attention import _Recorder
+from lmk.analysis.attention import AttentionRecorder
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -128,7 +128,7 @@ def test_recorder_known_answers():
     k = torch.randn(1, 2, T, 8)
     rows = torch.zeros(T, dtype=torch.bool)
     rows[[0, 10]] = True
-    rec = _Recorder(rows, torch.ones(T, dtype=torch.bool), n_bins, row_chunk=1)
+    rec = AttentionRecorder(rows, torch.ones(T, dtype=torch.bool), n_bins, row_chunk=1)
     rec.record(q, k, None, scaling=None)
     assert torch.allclose(rec.layers[0] / 2, torch.full((n_bins,), 0.25), atol=1e-6)
     # a mask letting every row see only key 0 puts all the mass in bin 0

@@ -11,7 +11,7 @@ import pytest
 from lmk.config.eval import LENGTHS
 from lmk.data import longembed
 from lmk.eval import fingerprints as fp
-from lmk.eval.replicas import REPLICAS, Sizes, _content_hash, _eval_split, write_replicas
+from lmk.eval.replicas import REPLICAS, Sizes, replica_fingerprint, write_replicas
 from lmk.run.environment import lock_hash
 from lmk.run.results import update_results
 from lmk.sweep.provenance import provenance_lines
@@ -25,8 +25,7 @@ def test_every_set_has_a_pin_and_the_resource_only_sets_match_it() -> None:
     assert longembed.fingerprint(longembed.generate_passkey(LENGTHS)) == pins["data"]["local:passkey"]
     assert longembed.fingerprint(longembed.generate_needle(LENGTHS)) == pins["data"]["local:needle"]
     for task in ("LEMBPasskeyRetrieval", "LEMBNeedleRetrieval"):
-        built = REPLICAS[task].splits(Sizes())
-        assert _content_hash({_eval_split(task, s): rc for s, rc in built.items()}) == pins["data"][f"replica:{task}"]
+        assert replica_fingerprint(task, REPLICAS[task].splits(Sizes())) == pins["data"][f"replica:{task}"]
 
 
 @pytest.mark.slow

@@ -101,7 +101,7 @@ def test_bold_follows_the_printed_values(spec_path: Path, tmp_path: Path) -> Non
 
 def test_the_json_and_the_model_card_show_each_cell_as_the_markdown_prints_it(spec_path: Path, tmp_path: Path) -> None:
     """0.33449 prints as 33.4; its JSON value is 33.45, which a reader rounding again would show as 33.5."""
-    from lmk.eval.card import TableRow, _row
+    from lmk.eval.card import TableRow, card_row
 
     out = tmp_path / "sweep"
     write_run(out / "train" / "cls", "cls", {"short-a": 0.33449, "long-b": 0.2})
@@ -113,7 +113,7 @@ def test_the_json_and_the_model_card_show_each_cell_as_the_markdown_prints_it(sp
     assert cell["value"] == 33.45 and cell["shown"] == "33.4"
     assert "| **33.4** |" in (out / "t2.md").read_text()
     cells = [c for c in json.loads((out / "t2.json").read_text())["cells"] if c["row"] == "cls"]
-    card = _row(TableRow(out / "t2.json", "spec.yaml", "s", "cls", "CLS", cells))
+    card = card_row(TableRow(out / "t2.json", "spec.yaml", "s", "cls", "CLS", cells))
     assert "| 33.4 |" in card and "33.5" not in card
 
 

@@ -528,18 +528,18 @@ def test_language_reaches_the_splitter_from_the_pooling_config(minilm_tokenizer)
     from omegaconf import OmegaConf
 
     from lmk.config.model import PoolingConfig
-    from lmk.model.embedding import _make_tokenizer
+    from lmk.model.embedding import make_tokenizer
 
     text = "Er kam am 3. Oktober an. Dann ging er."  # "3." ends no sentence in German
     yaml = OmegaConf.load("conf/pooling/lmk-sentence.yaml")
     cfg = PoolingConfig.coerce(OmegaConf.merge(yaml, {"language": "de"}))
     assert (cfg.sentence_splitter, cfg.max_sentence_tokens) == ("koehn", None)
-    lt = _make_tokenizer(minilm_tokenizer, cfg, 64, 0)
+    lt = make_tokenizer(minilm_tokenizer, cfg, 64, 0)
     assert (lt.language, lt.sentence_splitter) == ("de", "koehn")
     assert sum(rows(lt([text]))[0][1]) == 2
-    english = _make_tokenizer(minilm_tokenizer, PoolingConfig.coerce(yaml), 64, 0)
+    english = make_tokenizer(minilm_tokenizer, PoolingConfig.coerce(yaml), 64, 0)
     assert english.language == "en" and sum(rows(english([text]))[0][1]) == 3
-    capped = _make_tokenizer(
+    capped = make_tokenizer(
         minilm_tokenizer, PoolingConfig.coerce(OmegaConf.merge(yaml, {"max_sentence_tokens": 2})), 64, 0
     )
     assert capped.max_sentence_tokens == 2 and sum(rows(capped([text]))[0][1]) > 3

@@ -133,7 +133,7 @@ def pooled_rows(features: Mapping[str, torch.Tensor], kind: str) -> torch.Tensor
 # --------------------------------------------------------------------------------------------------
 
 
-class _Recorder:
+class AttentionRecorder:
     """Collects, per layer call, the binned attention mass of the selected rows of one input (B = 1)."""
 
     def __init__(self, rows: torch.Tensor, key_mask: torch.Tensor, n_bins: int, row_chunk: int) -> None:
@@ -173,7 +173,7 @@ class _Recorder:
         self.row_mass.append(torch.cat(masses) if masses else torch.zeros(0))
 
 
-_ACTIVE: _Recorder | None = None
+_ACTIVE: AttentionRecorder | None = None
 
 
 def _probe_attention_forward(
@@ -233,7 +233,7 @@ def probe_attention(backbone: torch.nn.Module) -> Iterator[None]:
 
 
 @contextmanager
-def _recording(rec: _Recorder) -> Iterator[_Recorder]:
+def _recording(rec: AttentionRecorder) -> Iterator[AttentionRecorder]:
     global _ACTIVE
     if _ACTIVE is not None:
         raise RuntimeError("attention probes cannot be nested")
@@ -260,7 +260,7 @@ def record_pooled_attention(
         raise ValueError("record_pooled_attention takes one input (batch of 1)")
     if not rows.any():
         raise ValueError("no query row selected: rows must have at least one True")
-    rec = _Recorder(rows[0], features["attention_mask"][0], n_bins, row_chunk)
+    rec = AttentionRecorder(rows[0], features["attention_mask"][0], n_bins, row_chunk)
     with probe_attention(backbone), _recording(rec), torch.inference_mode():
         forward(features)
     if not rec.layers:

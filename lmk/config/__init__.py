@@ -12,9 +12,12 @@ key or a value fails in about a second, naming the key and what is allowed.
     registry.py the names of registered components (poolers, strategies), read from their source torch-free
 """
 
-from lmk.config.data import DataConfig, SourceConfig
-from lmk.config.eval import EvalConfig, EvalConfigError
-from lmk.config.model import EncoderConfig, PoolingConfig
+from lmk.config import registry
+from lmk.config.data import LOCAL_SOURCE, REPLICA_PREFIX, DataConfig, SourceConfig, is_named_source
+from lmk.config.device import check_device, check_precision
+from lmk.config.eval import LENGTHS, EvalConfig, EvalConfigError
+from lmk.config.model import EncoderConfig, PoolingConfig, koehn_languages
+from lmk.config.paths import in_repo, repo_root
 from lmk.config.root import (
     CKPT_AUTO,
     CKPT_FRESH,
@@ -25,10 +28,22 @@ from lmk.config.root import (
     effective_batch,
     validate,
 )
-from lmk.config.schema import ConfigError, UserError, get_key, is_user_error, plain, to_container
+from lmk.config.schema import (
+    Coercible,
+    ConfigError,
+    UserError,
+    above,
+    at_least,
+    get_key,
+    is_user_error,
+    plain,
+    to_container,
+)
 
 __all__ = [
-    "CKPT_AUTO", "CKPT_FRESH", "CONF_DIR", "ConfigError", "DataConfig", "EncoderConfig", "EvalConfig", "EvalConfigError", "PoolingConfig",
-    "RootConfig", "SourceConfig", "TrainSection", "UserError", "derive_seeds", "effective_batch", "get_key",
-    "is_user_error", "plain", "to_container", "validate",
+    "CKPT_AUTO", "CKPT_FRESH", "CONF_DIR", "LENGTHS", "LOCAL_SOURCE", "REPLICA_PREFIX", "Coercible",
+    "ConfigError", "DataConfig", "EncoderConfig", "EvalConfig", "EvalConfigError", "PoolingConfig",
+    "RootConfig", "SourceConfig", "TrainSection", "UserError", "above", "at_least", "check_device",
+    "check_precision", "derive_seeds", "effective_batch", "get_key", "in_repo", "is_named_source",
+    "is_user_error", "koehn_languages", "plain", "registry", "repo_root", "to_container", "validate",
 ]

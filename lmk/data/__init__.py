@@ -10,15 +10,18 @@
     retrieval.py      RetrievalCorpus; stats.py: `python -m lmk.data.stats`
 """
 
-from lmk.config.data import DataConfig, SourceConfig
+from lmk._exports import exports
 
-__all__ = ["DataConfig", "SourceConfig", "RetrievalCorpus"]
-
-
-def __getattr__(name: str) -> object:
-    if name == "RetrievalCorpus":
-        # lazy: the training collator (lmk.data.collator) is imported without `datasets`, which retrieval.py loads
-        from lmk.data.retrieval import RetrievalCorpus
-
-        return RetrievalCorpus
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__all__, __getattr__ = exports(__name__, {
+    "lmk.config.data": ("DataConfig", "SourceConfig"),
+    "lmk.data.collator": ("PairCollator",),
+    "lmk.data.datamodule": ("PairDataModule",),
+    "lmk.data.hub": ("BGE_COLUMNS",),
+    "lmk.data.longdocs": ("build_longdoc_corpus",),
+    "lmk.data.longembed": ("generate_needle", "generate_passkey", "split_name"),
+    "lmk.data.offline_pairs": ("offline_short_corpus",),
+    "lmk.data.pairs": ("PairDataError", "count_skipped", "load_pairs", "precheck_rows", "read_source",
+                       "resolve_source", "source_fingerprint"),
+    "lmk.data.retrieval": ("RetrievalCorpus",),
+    "lmk.data.sampling": ("EpochSampler", "sample_group"),
+}, modules=("hub", "longdocs", "longembed", "offline_pairs", "pairs", "replica", "stats"))

@@ -14,3 +14,20 @@
                   export_command.py: `python -m lmk.export`
     prepared.py   hub tasks' data prepared once (python -m lmk.eval.prepared), read-only in many jobs (hub.prepared)
 """
+
+from lmk._exports import exports
+
+__all__, __getattr__ = exports(__name__, {
+    "lmk.eval.callback": ("EvalCallback", "build_eval_callback"),
+    "lmk.eval.card": ("TableRow", "card_row"),
+    "lmk.eval.command": ("cli", "validate_config"),
+    "lmk.eval.encoder": ("LmkEncoder",),
+    "lmk.eval.mteb_model": ("load_model", "model_meta", "n_parameters", "register", "save_results"),
+    "lmk.eval.replicas": ("REPLICAS", "Sizes", "replica_fingerprint", "task_dataset", "write_replicas"),
+    "lmk.eval.runner": ("run_suite",),
+    "lmk.eval.scoring": ("LONGEMBED6", "group_scores", "load_per_query", "longembed6_score", "paired_ttest",
+                         "per_query_scores", "pytrec_measure", "summarize_scores"),
+    "lmk.eval.suites": ("UnknownTaskError", "build_tasks", "check_task_names"),
+    "lmk.eval.tasks": ("LOCAL_TASKS", "LOCAL_TASK_CLASSES", "LocalNeedle", "LocalPasskey", "LocalShort",
+                       "build_local_task", "local_task"),
+}, modules=("command", "evaluation", "export_command", "fingerprints", "preflight", "prepared", "publish"))

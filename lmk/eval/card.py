@@ -98,7 +98,7 @@ def _shown_before(cell: dict) -> str:
     return ("—" if cell["value"] is None else f"{cell['value']:.1f}") + ("†" if cell.get("significant") else "")
 
 
-def _row(row: TableRow | None) -> str:
+def card_row(row: TableRow | None) -> str:
     if row is None:
         return "No Table 2 was built over this run's sweep, so the card shows no row."
     labels = [c["column_label"] for c in row.cells]
@@ -203,7 +203,7 @@ pins the expected ones).
 
 ## Table 2
 
-{_row(row)}
+{card_row(row)}
 
 ## mteb results
 

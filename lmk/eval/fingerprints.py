@@ -32,7 +32,7 @@ import pyarrow.parquet as pq
 
 from lmk.config.eval import LENGTHS
 from lmk.data import longembed, offline_pairs, replica
-from lmk.eval.replicas import REPLICAS, Sizes, _content_hash, _eval_split
+from lmk.eval.replicas import REPLICAS, Sizes, replica_fingerprint
 from lmk.run.environment import lock_hash
 
 PINNED = "data_fingerprints.json"
@@ -71,8 +71,7 @@ def fingerprints(sizes: Sizes | None = None) -> dict[str, str]:
     out = {"offline-pairs": _rows_hash(offline_pairs.ensure_offline_pairs()),
            "bge-full-data-replica": _rows_hash(replica.replica_folder("bge-full-data"))}
     for name, rep in REPLICAS.items():
-        built = rep.splits(sizes)
-        out[f"replica:{name}"] = _content_hash({_eval_split(name, s): rc for s, rc in built.items()})
+        out[f"replica:{name}"] = replica_fingerprint(name, rep.splits(sizes))
     out["local:passkey"] = longembed.fingerprint(longembed.generate_passkey(LENGTHS))
     out["local:needle"] = longembed.fingerprint(longembed.generate_needle(LENGTHS))
     return out

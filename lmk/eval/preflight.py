@@ -15,7 +15,7 @@ from lmk.config.schema import UserError
 from lmk.config.schema import get_key as _get
 from lmk.eval.suites import check_task_names
 from lmk.hub import mirror
-from lmk.hub.artifacts import _plain, _sources, check_available
+from lmk.hub.artifacts import check_available, data_sources, eval_task_names
 from lmk.hub.offline import is_hub_id
 
 
@@ -26,7 +26,7 @@ class PreflightError(UserError, ValueError):
 def check_data_paths(data: Any) -> None:
     """Every local training data path exists (a missing file fails here, not after the model is built)."""
     missing = []
-    for src in _sources(data):
+    for src in data_sources(data):
         path = src.get("path", LOCAL_DATA)
         if is_named_source(path) or is_hub_id(path) and not Path(path).suffix:
             continue  # `local` and `replica:<name>` are built on demand in the lmk cache
@@ -51,9 +51,7 @@ def check_model_paths(encoder: Any) -> None:
 
 def check_eval_tasks(eval_cfg: Any) -> None:
     """Every eval task name resolves (mteb's registry, offline; or a local task)."""
-    names = list(_plain(_get(eval_cfg, "tasks")) or [])
-    names += [t for t in (_plain(_get(eval_cfg, "task_options")) or {}) if t not in names]  # a misspelt option key
-    check_task_names(names)
+    check_task_names(eval_task_names(eval_cfg))
 
 
 def preflight(cfg: Any, artifacts: bool = False) -> None:

@@ -216,6 +216,11 @@ def _content_hash(splits: dict[str, RetrievalCorpus]) -> str:
                           ).hexdigest()[:12]
 
 
+def replica_fingerprint(task: str, built: dict[str, RetrievalCorpus]) -> str:
+    """The content hash of a replica's built splits (`REPLICAS[task].splits(sizes)`), under mteb's split names."""
+    return _content_hash({_eval_split(task, s): rc for s, rc in built.items()})
+
+
 def write_replicas(root: str | os.PathLike, tasks: Sequence[str] | None = None, sizes: Sizes | None = None) -> list[dict[str, Any]]:
     """Write the replicas of `tasks` (default: all) under mirror `root`; returns the manifest entries."""
     datasets.disable_progress_bars()
@@ -237,7 +242,7 @@ def write_replicas(root: str | os.PathLike, tasks: Sequence[str] | None = None, 
         mirror.mark_started(folder, repo, None)  # an interrupted write is not a replica
         configs: dict[str, dict[str, str]] = {}
         built = [(rep, rep.splits(sizes)) for rep in replicas]
-        digests = [_content_hash({_eval_split(rep.task, s): rc for s, rc in b.items()}) for rep, b in built]
+        digests = [replica_fingerprint(rep.task, b) for rep, b in built]
         revision = "lmk-replica-" + hashlib.sha256("".join(digests).encode()).hexdigest()[:12]
         tag = revision.rsplit("-", 1)[1]
         for rep, b in built:

@@ -7,3 +7,15 @@
     fetch.py      downloading them on a login node, with a manifest (`python -m lmk.prefetch`); interrupt_download
                   leaves a partial one (fault injection)
 """
+
+from lmk._exports import exports
+
+__all__, __getattr__ = exports(__name__, {
+    "lmk.hub.artifacts": ("Artifact", "MissingArtifactsError", "cache_manifest_path", "check_available",
+                          "data_sources", "eval_task_names", "hub_task_names", "required_artifacts"),
+    "lmk.hub.fetch": ("prefetch",),
+    "lmk.hub.mirror": ("STARTED", "apply_mirror", "incomplete", "mark_complete", "mark_started",
+                       "resolve_model", "with_mirrored_sources"),
+    "lmk.hub.offline": ("hub_offline", "is_hub_id"),
+    "lmk.hub.push": ("PushError", "Pushed", "check_push", "push_folder"),
+}, modules=("artifacts", "fetch", "mirror"))

@@ -79,7 +79,13 @@ def _plain(node: Any) -> Any:
     return node
 
 
-def _sources(data: Any) -> list[dict[str, Any]]:
+def eval_task_names(eval_cfg: Any) -> list[str]:
+    """An eval config's task names, then the keys of its `task_options` that name no task (a misspelt key)."""
+    names = list(_plain(_get(eval_cfg, "tasks")) or [])
+    return names + [t for t in (_plain(_get(eval_cfg, "task_options")) or {}) if t not in names]
+
+
+def data_sources(data: Any) -> list[dict[str, Any]]:
     """A data config's sources as plain dicts (typed SourceConfig, mapping or a bare path string)."""
     out = []
     for src in _plain(_get(data, "sources")) or []:
@@ -114,7 +120,7 @@ def encoder_artifacts(encoder: Any) -> list[Artifact]:
 def data_artifacts(data: Any) -> list[Artifact]:
     """The hub datasets a data config's sources load."""
     out = []
-    for src in _sources(data):
+    for src in data_sources(data):
         path = src.get("path", LOCAL_DATA)
         if not is_named_source(path) and is_hub_id(path) and not Path(path).suffix:
             out.append(Artifact("dataset", path, src.get("revision"), src.get("subset"), _plain(src.get("data_files")),

@@ -11,11 +11,19 @@
     modernbert_tokenizer.py  an offline tokenizer that behaves like ModernBERT's (rehearsal)
 """
 
+from lmk._exports import exports
 
-def __getattr__(name: str) -> object:
-    if name == "EmbeddingModel":
-        # lazy: `from lmk.model import EmbeddingModel` without importing torch for the layer's torch-free users
-        from lmk.model.embedding import EmbeddingModel
-
-        return EmbeddingModel
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__all__, __getattr__ = exports(__name__, {
+    "lmk.model.backbone": ("is_checkpointing", "load_backbone", "package_model_path", "shipped_config"),
+    "lmk.model.batching": ("fixed_batches", "token_budget_batches"),
+    "lmk.model.device": ("autocast", "resolve_device", "resolve_precision"),
+    "lmk.model.embedding": ("EmbeddingModel", "make_tokenizer"),
+    "lmk.model.export": ("CODE_DIR", "LegacyExportPooling", "code_files", "export_sentence_transformers",
+                         "is_export", "load_exported", "needed_packages"),
+    "lmk.model.loading": ("load_hf_encoder", "load_model"),
+    "lmk.model.long_attention": ("BLOCK", "LEAN_SDPA", "banded_attention", "guard_padded_rows",
+                                 "lean_attention"),
+    "lmk.model.pipeline": ("EncodeError", "NonFiniteEmbeddingError", "WINDOW", "collate", "resolve_workers",
+                           "unpad"),
+    "lmk.model.shape": ("EncoderShape", "encoder_shape"),
+}, modules=("backbone", "modernbert_tokenizer", "pipeline"))

@@ -36,7 +36,7 @@ FORMAT_VERSION = 1
 _BACKBONE_KEYS = ("input_ids", "attention_mask", "token_type_ids")
 
 
-def _make_tokenizer(hf_tokenizer: Any, pooling: PoolingConfig, max_length: int, seed: int) -> LandmarkTokenizer:
+def make_tokenizer(hf_tokenizer: Any, pooling: PoolingConfig, max_length: int, seed: int) -> LandmarkTokenizer:
     return LandmarkTokenizer(
         hf_tokenizer,
         strategy=pooling.strategy,
@@ -109,7 +109,7 @@ class EmbeddingModel(torch.nn.Module):
             if not isinstance(value, int) or value < 3:
                 raise ValueError(f"{key}={value!r} must be an int >= 3 (e.g. 128 for queries, 512 for passages)")
         backbone, hf_tok = load_backbone(enc)
-        tok = _make_tokenizer(hf_tok, pool, passage_max_length, enc.seed if seed is None else seed)
+        tok = make_tokenizer(hf_tok, pool, passage_max_length, enc.seed if seed is None else seed)
         pooler = build_pooler(pool.pooler, hidden_size=int(backbone.config.hidden_size), **pool.pooler_kwargs)
         return cls(
             backbone,
@@ -125,7 +125,7 @@ class EmbeddingModel(torch.nn.Module):
     def with_pooling(self, pooling_cfg: Any) -> EmbeddingModel:
         """Same backbone object (shared weights), another tokenization + pooler (cross-pooling eval)."""
         pool = PoolingConfig.coerce(pooling_cfg)
-        tok = _make_tokenizer(self.hf_tokenizer, pool, self.tokenizer.max_length, self.tokenizer.seed)
+        tok = make_tokenizer(self.hf_tokenizer, pool, self.tokenizer.max_length, self.tokenizer.seed)
         pooler = build_pooler(pool.pooler, hidden_size=self.hidden_size, **pool.pooler_kwargs)
         if isinstance(pooler, torch.nn.Module):
             pooler = pooler.to(self.device)

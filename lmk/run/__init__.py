@@ -11,3 +11,21 @@
     cli.py      a command line that does not compose -> one line on stderr
     cluster.py  Lightning's view of the ranks submitit's local executor starts
 """
+
+from lmk._exports import exports
+
+__all__, __getattr__ = exports(__name__, {
+    "lmk.run.checkpoint_dir": ("SUPERSEDED_DIR", "TMP_MARK", "candidates", "clear_partial_saves", "move_aside"),
+    "lmk.run.cli": ("error_line", "error_lines", "full_errors", "guard", "hydra_task", "report", "run_app"),
+    "lmk.run.cluster": ("SubmititEnvironment", "cluster_plugins", "emulate_slurm", "slurm_task_env",
+                        "submitit_rank", "under_submitit_local"),
+    "lmk.run.console": ("console_stream", "interactive", "redirected", "verbose"),
+    "lmk.run.environment": ("lock_hash",),
+    "lmk.run.files": ("cache_root", "follow_umask", "write_json"),
+    "lmk.run.lock": ("job_identity",),
+    "lmk.run.loggers": ("WANDB_ID_FILE", "build_logger", "finish_loggers", "quiet_progress_bars",
+                        "resolve_wandb_mode", "use_hydra_logging", "wandb_credentials", "wandb_info"),
+    "lmk.run.results": ("EvalRecord", "Results", "STATUS_DONE", "Timer", "config_hash_of", "git_commit",
+                        "read_results", "update_results"),
+    "lmk.run.scheduler": ("slurm_job",),
+}, modules=("environment", "faults", "lock", "results"))

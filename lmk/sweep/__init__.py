@@ -13,3 +13,20 @@
 The row sweeper these drive is the Hydra plugin `hydra_plugins/lmk_row_sweeper` (Hydra discovers plugins only
 in that namespace package).
 """
+
+from lmk._exports import exports
+
+__all__, __getattr__ = exports(__name__, {
+    "lmk.sweep.driver": ("mark_interrupted",),
+    "lmk.sweep.eval_stage": ("merge", "model_fingerprint", "trained_fingerprint"),
+    "lmk.sweep.hub_mirror": ("prepare",),
+    "lmk.sweep.jobs": ("ENTRY_CONFIG", "compose_config", "job_id", "job_overrides", "plan_shards",
+                       "stage_overrides", "train_block"),
+    "lmk.sweep.prefetch": ("scale_artifacts",),
+    "lmk.sweep.provenance": ("provenance_lines",),
+    "lmk.sweep.report": ("print_line", "quiet_launcher", "result_line", "start_line"),
+    "lmk.sweep.rows": ("RowState", "decide", "finished_after_all", "lock_verdict", "recorded_job"),
+    "lmk.sweep.spec": ("Scale", "SpecError", "load_spec", "validate_spec"),
+    "lmk.sweep.tables": ("MixedResultsError", "aggregate", "table_commits"),
+    "lmk.sweep.wandb_table": ("log_row_summaries", "log_table", "sweep_wandb"),
+}, modules=("authors", "prefetch", "rows", "tables"))

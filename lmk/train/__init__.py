@@ -7,3 +7,16 @@
     gradcache.py gradient caching: paper-scale batches in one chunk's memory
     resume.py    exact resume (RNG states, sampler position, metrics.csv trimmed)
 """
+
+from lmk._exports import exports
+
+__all__, __getattr__ = exports(__name__, {
+    "lmk.train.command": ("run", "validate_job"),
+    "lmk.train.gradcache": ("grad_cache_step", "split_features"),
+    "lmk.train.guard": ("NonFiniteError", "NonFiniteGuard"),
+    "lmk.train.losses": ("info_nce",),
+    "lmk.train.memory": ("FIT_HINT", "GIB", "Precision", "decide_checkpointing", "estimate_memory",
+                         "job_memory", "job_world_size", "sections"),
+    "lmk.train.module": ("ContrastiveModule", "WARMUP_CURVES", "build_module", "warmup_decay"),
+    "lmk.train.progress": ("progress_line",),
+}, modules=("checkpoints",))

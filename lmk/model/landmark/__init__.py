@@ -18,8 +18,10 @@ imported inside `try`. Every module here is imported below, so a new pooler file
 import importlib
 import pkgutil
 
-from .landmark_transformer import LandmarkTransformer
+from .landmark_transformer import CONFIG_FILE, OLD_CONFIG_FILE, LandmarkTransformer, set_rope
 from .latent_attention import LatentAttentionPooling
+from .layouts import STRATEGY_TRAITS, rows_and_local
+from .padded_rows import guard_padded_rows, has_sliding_window, no_empty_rows
 from .poolers import (
     POOLERS,
     CLSPooling,
@@ -30,10 +32,13 @@ from .poolers import (
     masked_mean,
     register_pooler,
 )
+from .sentences import multilingual_backend, split_sentences
 from .tokenization import STRATEGIES, LandmarkTokenizer
 
 for _module in pkgutil.iter_modules(__path__):  # every pooler module registers its classes on import
     importlib.import_module(f"{__name__}.{_module.name}")
 
-__all__ = ["POOLERS", "STRATEGIES", "CLSPooling", "LMKPooling", "LandmarkTokenizer", "LandmarkTransformer",
-           "LatentAttentionPooling", "MeanPooling", "Pooler", "build_pooler", "masked_mean", "register_pooler"]
+__all__ = ["CONFIG_FILE", "OLD_CONFIG_FILE", "POOLERS", "STRATEGIES", "STRATEGY_TRAITS", "CLSPooling", "LMKPooling",
+           "LandmarkTokenizer", "LandmarkTransformer", "LatentAttentionPooling", "MeanPooling", "Pooler", "build_pooler",
+           "guard_padded_rows", "has_sliding_window", "koehn", "masked_mean", "multilingual_backend", "no_empty_rows",
+           "register_pooler", "rows_and_local", "set_rope", "split_sentences"]

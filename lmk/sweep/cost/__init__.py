@@ -15,21 +15,15 @@ The row sweeper reads `job_report` from here; the sweep driver `print_sweep_esti
 `training_time_report` (loaded on first use: they read mteb's task statistics).
 """
 
-from __future__ import annotations
+from lmk._exports import exports
 
-from typing import Any
-
-from lmk.sweep.cost.report import job_report
-from lmk.sweep.cost.throughput import GPU_CHECK_JSON, read_gpu_check
-
-_LAZY = ("check_sweep", "print_sweep_estimate", "sweep_estimate", "training_time_report")
-__all__ = ["GPU_CHECK_JSON", "job_report", "read_gpu_check", *_LAZY]
-
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        # lazy: the sweep-level estimate imports mteb (seconds), which the per-job report never needs
-        from lmk.sweep.cost import estimate
-
-        return getattr(estimate, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__all__, __getattr__ = exports(__name__, {
+    "lmk.sweep.cost.estimate": ("check_sweep", "format_estimate", "print_sweep_estimate", "sweep_estimate",
+                                "training_time_report"),
+    "lmk.sweep.cost.evaluation": ("CHARS_PER_TOKEN", "eval_cost"),
+    "lmk.sweep.cost.limits": ("TimeLimit", "eval_verdict", "training_verdict"),
+    "lmk.sweep.cost.report": ("job_report",),
+    "lmk.sweep.cost.stage": ("StageCost", "makespan"),
+    "lmk.sweep.cost.throughput": ("GPU_CHECK_JSON", "peak_throughput", "read_gpu_check"),
+    "lmk.sweep.cost.training": ("TrainingJob", "training_cost", "training_flops"),
+})
