@@ -7,6 +7,7 @@ with its ranks on n1 and n2, accounted COMPLETED by sacct, a requeue, and submit
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -58,6 +59,14 @@ def test_up_without_root_refuses_in_one_line_before_touching_anything(monkeypatc
     assert out.err.splitlines() == [
         "local SLURM: the local SLURM cluster needs root (it installs packages and starts daemons); "
         "run it as root, e.g. `sudo make slurm-up`"]
+
+
+def test_the_library_holds_no_code_that_installs_system_packages():
+    """The rig is a development tool: what a cluster user installs (lmk/) never runs a system package manager."""
+    found = [f"{path.relative_to(ROOT)}:{n}" for path in sorted((ROOT / "lmk").rglob("*.py"))
+             for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+             if re.search(r"\b(apt-get|apt|dpkg|dpkg-query|yum|dnf)\b", line)]
+    assert found == [], f"system package management inside the library: {found}"
 
 
 # ---- the files it writes ---------------------------------------------------------------------------------------
