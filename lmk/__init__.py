@@ -1,8 +1,36 @@
-"""Landmark (LMK) pooling for dense embeddings."""
+"""Landmark (LMK) pooling for dense embeddings.
 
-from lmk._exports import exports
+`interface` is how each package names what other packages, the tests, benchmarks and notebooks may import from
+it: in its `__init__.py`, `__all__, __getattr__ = interface(__name__, {"lmk.run.files": ("write_json", ...)},
+modules=("results",))`. `from lmk.run import write_json` then loads only lmk.run.files (PEP 562), so a torch-free
+layer stays torch-free; `modules` are modules used as namespaces (`from lmk.hub import mirror`).
+tests/test_interface.py checks every such import against `__all__`."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+
+def interface(package: str, names: Mapping[str, Iterable[str]],
+              modules: Iterable[str] = ()) -> tuple[list[str], Callable[[str], Any]]:
+    """`__all__` (sorted) and the module `__getattr__` that imports a name's module when the name is first used."""
+    where = {name: module for module, group in names.items() for name in group}
+    namespaces = set(modules)
+
+    def __getattr__(name: str) -> Any:
+        if name in namespaces:
+            return importlib.import_module(f"{package}.{name}")
+        if name in where:
+            return getattr(importlib.import_module(where[name]), name)
+        raise AttributeError(f"module {package!r} has no attribute {name!r}")
+
+    return sorted(where.keys() | namespaces), __getattr__
+
 
 # the layers and the commands (`python -m lmk.<command>`), each with its own __all__
-__all__, __getattr__ = exports(__name__, {}, modules=(
+_PARTS, __getattr__ = interface(__name__, {}, modules=(
     "analysis", "config", "data", "eval", "evaluate", "export", "hub", "model", "notebooks", "prefetch", "run",
     "sweep", "tables", "train"))
+__all__ = ["interface", *_PARTS]

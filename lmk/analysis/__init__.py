@@ -18,7 +18,7 @@ paper's Figure 1 view, nothing re-encoded). `runs` picks the models to compare (
 Everything is re-exported here, so `from lmk import analysis as an; an.attention_profile(...)` works.
 """
 
-from lmk._exports import exports
+from lmk import interface
 from lmk.analysis.attention import (
     PROBE_ATTN,
     ROW_KINDS,
@@ -64,7 +64,7 @@ from lmk.analysis.runs import (
     trained_runs,
 )
 
-_LATER, __getattr__ = exports(__name__, {}, modules=("notebooks",))  # the runner imports nbclient: on use
+_LATER, __getattr__ = interface(__name__, {}, modules=("notebooks",))  # the runner imports nbclient: on use
 __all__ = [
     *_LATER,
     "AttentionRecorder",

@@ -10,9 +10,9 @@
     retrieval.py      RetrievalCorpus; stats.py: `python -m lmk.data.stats`
 """
 
-from lmk._exports import exports
+from lmk import interface
 
-__all__, __getattr__ = exports(__name__, {
+__all__, __getattr__ = interface(__name__, {
     "lmk.config.data": ("DataConfig", "SourceConfig"),
     "lmk.data.collator": ("PairCollator",),
     "lmk.data.datamodule": ("PairDataModule",),

@@ -15,9 +15,9 @@
     prepared.py   hub tasks' data prepared once (python -m lmk.eval.prepared), read-only in many jobs (hub.prepared)
 """
 
-from lmk._exports import exports
+from lmk import interface
 
-__all__, __getattr__ = exports(__name__, {
+__all__, __getattr__ = interface(__name__, {
     "lmk.eval.callback": ("EvalCallback", "build_eval_callback"),
     "lmk.eval.card": ("TableRow", "card_row"),
     "lmk.eval.command": ("cli", "validate_config"),

@@ -8,9 +8,9 @@
                   leaves a partial one (fault injection)
 """
 
-from lmk._exports import exports
+from lmk import interface
 
-__all__, __getattr__ = exports(__name__, {
+__all__, __getattr__ = interface(__name__, {
     "lmk.hub.artifacts": ("Artifact", "MissingArtifactsError", "cache_manifest_path", "check_available",
                           "data_sources", "eval_task_names", "hub_task_names", "required_artifacts"),
     "lmk.hub.fetch": ("prefetch",),

@@ -11,9 +11,9 @@
     modernbert_tokenizer.py  an offline tokenizer that behaves like ModernBERT's (rehearsal)
 """
 
-from lmk._exports import exports
+from lmk import interface
 
-__all__, __getattr__ = exports(__name__, {
+__all__, __getattr__ = interface(__name__, {
     "lmk.model.backbone": ("is_checkpointing", "load_backbone", "package_model_path", "shipped_config"),
     "lmk.model.batching": ("fixed_batches", "token_budget_batches"),
     "lmk.model.device": ("autocast", "resolve_device", "resolve_precision"),

@@ -12,9 +12,9 @@
     cluster.py  Lightning's view of the ranks submitit's local executor starts
 """
 
-from lmk._exports import exports
+from lmk import interface
 
-__all__, __getattr__ = exports(__name__, {
+__all__, __getattr__ = interface(__name__, {
     "lmk.run.checkpoint_dir": ("SUPERSEDED_DIR", "TMP_MARK", "candidates", "clear_partial_saves", "move_aside"),
     "lmk.run.cli": ("error_line", "error_lines", "full_errors", "guard", "hydra_task", "report", "run_app"),
     "lmk.run.cluster": ("SubmititEnvironment", "cluster_plugins", "emulate_slurm", "slurm_task_env",

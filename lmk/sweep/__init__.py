@@ -14,9 +14,9 @@ The row sweeper these drive is the Hydra plugin `hydra_plugins/lmk_row_sweeper` 
 in that namespace package).
 """
 
-from lmk._exports import exports
+from lmk import interface
 
-__all__, __getattr__ = exports(__name__, {
+__all__, __getattr__ = interface(__name__, {
     "lmk.sweep.driver": ("mark_interrupted",),
     "lmk.sweep.eval_stage": ("merge", "model_fingerprint", "trained_fingerprint"),
     "lmk.sweep.hub_mirror": ("prepare",),

@@ -8,9 +8,9 @@
     resume.py    exact resume (RNG states, sampler position, metrics.csv trimmed)
 """
 
-from lmk._exports import exports
+from lmk import interface
 
-__all__, __getattr__ = exports(__name__, {
+__all__, __getattr__ = interface(__name__, {
     "lmk.train.command": ("run", "validate_job"),
     "lmk.train.gradcache": ("grad_cache_step", "split_features"),
     "lmk.train.guard": ("NonFiniteError", "NonFiniteGuard"),

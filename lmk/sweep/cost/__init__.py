@@ -15,9 +15,9 @@ The row sweeper reads `job_report` from here; the sweep driver `print_sweep_esti
 `training_time_report` (loaded on first use: they read mteb's task statistics).
 """
 
-from lmk._exports import exports
+from lmk import interface
 
-__all__, __getattr__ = exports(__name__, {
+__all__, __getattr__ = interface(__name__, {
     "lmk.sweep.cost.estimate": ("check_sweep", "format_estimate", "print_sweep_estimate", "sweep_estimate",
                                 "training_time_report"),
     "lmk.sweep.cost.evaluation": ("CHARS_PER_TOKEN", "eval_cost"),
