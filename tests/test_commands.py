@@ -3,6 +3,7 @@ README's first screen: its one-minute run and its Python example, taken from the
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -17,9 +18,11 @@ from lmk.analysis import notebooks as nbr
 from lmk.config.paths import repo_root
 from lmk.export import export_sentence_transformers
 from lmk.model.embedding import EmbeddingModel
+from lmk.sweep import pinned
 from lmk.sweep.prefetch import scale_artifacts
 
 REPO = repo_root()
+SPEC = REPO / "experiments" / "table2" / "spec.yaml"
 README = (REPO / "README.md").read_text(encoding="utf-8")
 PNG = b"\x89PNG\r\n\x1a\n"
 VENV_BIN = str(Path(sys.executable).parent)  # `source .venv/bin/activate`, as the README's first line does
@@ -89,6 +92,13 @@ def test_make_table2_as_typed_rebuilds_the_table_from_the_results(tiny_sweep):
     table.unlink()
     make("table2", "SCALE=tiny", f"OUT={tiny_sweep}")
     assert table.read_text() == before  # the same table, from the results files alone
+
+
+def test_the_tiny_table_gives_its_pinned_numbers(tiny_sweep):
+    """Every cell of `make reproduce-table2 SCALE=tiny`, to two decimals, as experiments/table2/pinned.json holds."""
+    table = json.loads((tiny_sweep / "table2" / "tiny" / "table2.json").read_text())
+    drifts = pinned.compare(pinned.load_pinned(SPEC)["tiny"], pinned.measured_rows(table))
+    assert not drifts, pinned.drift_message(drifts, "experiments/table2/spec.yaml", "tiny")
 
 
 def test_the_readme_one_minute_run_as_typed_prints_the_scores_it_quotes(tmp_path):

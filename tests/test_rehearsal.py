@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from lmk.run.results import read_results
+from lmk.sweep import pinned
 
 ROOT = Path(__file__).resolve().parent.parent
 COLUMNS = ["MS MARCO dev", "BEIR-15", "MTEB v2", "COIR", "MLDR-eng", "LongEmbed-6"]
@@ -162,6 +163,11 @@ def test_rehearsal_row_runs_end_to_end(tmp_path):
                                                  if line.startswith("| CLS |"))), strict=True))
     for column in COLUMNS:  # a number in each of the paper's six columns, not "-"
         assert re.fullmatch(r"\**\d+\.\d\**[†]?", cells[column]), (column, cells[column])
+    # the row prints what docs/results.md's rehearsal table (experiments/table2/pinned.json) shows for it
+    spec = ROOT / "experiments" / "table2" / "spec.yaml"
+    drifts = pinned.compare(pinned.load_pinned(spec)["rehearsal"], pinned.measured_rows(
+        json.loads((out / "table2.json").read_text())), rows=["cls"])
+    assert not drifts, pinned.drift_message(drifts, spec, "rehearsal", out)
     res = read_results(out / "train" / "cls")
     assert res["status"] == "done" and res["metrics"]["global_step"] == 3
     # the eval stage, as at paper scale: training evaluated nothing, one lmk.evaluate job per group merged

@@ -13,6 +13,7 @@ import yaml
 from omegaconf import open_dict
 
 from lmk.run.results import read_results, update_results
+from lmk.sweep import pinned
 from lmk.sweep.spec import load_spec
 
 SPEC = "experiments/table2/spec.yaml"
@@ -198,6 +199,11 @@ def test_mini_scale_two_rows_for_real(tmp_path: Path) -> None:
         assert set(res["eval"]["groups"]) >= {"local-short", "local-longdoc", "local-passkey", "local-needle"}
         assert (tmp_path / "train" / row / "export" / "modules.json").exists()
     assert "| LMK-fixed-32 |" in (tmp_path / "table2.md").read_text()
+    # the two rows print what the README's mini table (experiments/table2/pinned.json) shows for them
+    rows = ["cls", "lmk-fixed-32"]
+    drifts = pinned.compare(pinned.load_pinned(SPEC)["mini"], pinned.measured_rows(
+        json.loads((tmp_path / "table2.json").read_text())), rows=rows)
+    assert not drifts, pinned.drift_message(drifts, SPEC, "mini", tmp_path)
 
 
 def test_config_hash_follows_values_interpolated_from_the_launcher() -> None:
