@@ -42,6 +42,8 @@ def validate_config(cfg: DictConfig) -> None:
             check(cfg[key])
         except (ValueError, TypeError) as err:  # one line on the console, not a traceback (ConfigError)
             raise ConfigError(str(err) if str(err).startswith(f"{key}.") else f"{key}: {err}") from err
+    if not isinstance(cfg.get("trust_remote_code", False), bool):
+        raise ConfigError(f"trust_remote_code={cfg.get('trust_remote_code')!r} is not valid; allowed values: true, false")
     model = cfg.get("model")
     if model not in (None, "", "null") and not is_hub_id(model) and not Path(str(model)).expanduser().exists():
         raise ConfigError(f"model={model!r} does not exist; give a training run dir, an exported model "

@@ -65,7 +65,8 @@ def evaluate(cfg: DictConfig, run_dir: str | os.PathLike | None = None, cross_po
                 attach(tasks, prepared_root)  # data not prepared for a task fails here too
         with timer.section("load_model"):
             seeded = derive_seeds(cfg)  # a null encoder.seed (random init) is the root seed, as in training
-            model, info = load_model(cfg.get("model"), seeded.get("encoder"), cfg.get("pooling"), int(cfg.get("seed", 0)))
+            model, info = load_model(cfg.get("model"), seeded.get("encoder"), cfg.get("pooling"), int(cfg.get("seed", 0)),
+                                     trust_remote_code=bool(cfg.get("trust_remote_code", False)))
             if cross_pooling is None:
                 cross_pooling = _pooling_overridden()
             # a plain HF encoder was built with cfg.pooling already: nothing to swap
