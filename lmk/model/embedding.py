@@ -378,9 +378,15 @@ class EmbeddingModel(torch.nn.Module):
 
     # ------------------------------------------------------------------------------ fingerprint
     def fingerprint(self) -> str:
-        """Short hash of weights + config: equal fingerprints mean equal embeddings (eval cache key)."""
+        """Short hash of weights + config: equal fingerprints mean equal embeddings at equal max lengths (eval cache
+        key, with the per-side lengths)."""
         h = hashlib.blake2b(digest_size=8)
         cfg = self.lmk_config()
+        # the default lengths are not the model: an export's one max_seq_length (lmk.model.export) and a run's
+        # training lengths give the same weights one identity; the eval cache keys the lengths used apart
+        for key in ("query_max_length", "passage_max_length"):
+            cfg.pop(key)
+        cfg["tokenizer"] = {k: v for k, v in cfg["tokenizer"].items() if k != "max_length"}
         h.update(json.dumps(cfg, sort_keys=True, default=str).encode())
         for module in (self.backbone, self.pooler):
             if not isinstance(module, torch.nn.Module):

@@ -56,8 +56,11 @@ def class_ref(module: torch.nn.Module) -> str:
     return f"{file.stem}.{cls.__name__}"
 
 
-def to_sentence_transformer(model: EmbeddingModel, max_seq_length: int | None = None) -> SentenceTransformer:
-    """A SentenceTransformer sharing `model`'s backbone, tokenizer and pooler (no copy)."""
+def to_sentence_transformer(model: EmbeddingModel, max_seq_length: int | None = None,
+                            scored_at: dict[str, int] | None = None) -> SentenceTransformer:
+    """A SentenceTransformer sharing `model`'s backbone, tokenizer and pooler (no copy). `scored_at`: the per-side
+    lengths a model card's scores were computed at (query_max_length, passage_max_length), mteb's loader's
+    defaults (lmk.eval.mteb_model)."""
     if model.pooling_cfg is None:
         raise ValueError("export needs model.pooling_cfg (build the model with EmbeddingModel.build)")
     if not isinstance(model.pooler, Pooler):
@@ -65,6 +68,8 @@ def to_sentence_transformer(model: EmbeddingModel, max_seq_length: int | None = 
     description = model.lmk_config()
     lmk = {k: description[k] for k in ("name", "encoder", "pooling", "query_max_length", "passage_max_length")}
     lmk["fingerprint"] = model.fingerprint()  # the weights' identity: mteb's model revision (lmk.eval.mteb_model)
+    if scored_at:
+        lmk["scored_at"] = {k: int(scored_at[k]) for k in ("query_max_length", "passage_max_length")}
     encoder = model.encoder_cfg
     first = LandmarkTransformer(model.backbone, model.tokenizer, max_seq_length=max_seq_length or model.passage_max_length,
                                 max_positions=model.max_positions, rope=encoder.rope if encoder else True,
@@ -74,11 +79,11 @@ def to_sentence_transformer(model: EmbeddingModel, max_seq_length: int | None = 
 
 
 def export_sentence_transformers(model: EmbeddingModel, path: str | os.PathLike,
-                                 max_seq_length: int | None = None) -> Path:
-    """Write a sentence-transformers folder that carries its code; `max_seq_length` defaults to the model's passage
-    max length."""
+                                 max_seq_length: int | None = None, scored_at: dict[str, int] | None = None) -> Path:
+    """Write a sentence-transformers folder that carries its code; `max_seq_length` (the one length both
+    sentence-transformers and `load_exported` cut texts at by default) defaults to the model's passage max length."""
     path = Path(path)
-    st = to_sentence_transformer(model, max_seq_length=max_seq_length)
+    st = to_sentence_transformer(model, max_seq_length=max_seq_length, scored_at=scored_at)
     st.save(str(path), create_model_card=False)
     modules = json.loads((path / "modules.json").read_text())
     for entry, module in zip(modules, st):
@@ -147,8 +152,12 @@ def _pooler_class(ref: str) -> Any:
                      f"(registered: {', '.join(c.__name__ for c in POOLERS.values())})")
 
 
-def load_exported(path: str | os.PathLike, device: str | None = "cpu") -> EmbeddingModel:
-    """An exported folder -> EmbeddingModel, built from lmk's own classes (no code from the folder runs)."""
+def load_exported(path: str | os.PathLike, device: str | None = "cpu", query_max_length: int | None = None,
+                  passage_max_length: int | None = None) -> EmbeddingModel:
+    """An exported folder -> EmbeddingModel, built from lmk's own classes (no code from the folder runs).
+
+    Both sides default to the folder's `max_seq_length` (landmark_config.json), the length sentence-transformers
+    cuts texts at: the same folder gives the same embeddings either way unless a length is given here."""
     path = Path(path)
     if not is_export(path):
         raise ValueError(f"{path} is not an lmk export (no modules.json whose first module is LandmarkTransformer)")
@@ -161,14 +170,12 @@ def load_exported(path: str | os.PathLike, device: str | None = "cpu") -> Embedd
     enc = EncoderConfig.coerce(meta["encoder"]) if meta.get("encoder") else None
     pool = PoolingConfig.coerce(meta["pooling"]) if meta.get("pooling") else None
     tokenizer = first.landmark_tokenizer
-    if meta.get("passage_max_length") and tokenizer.max_length != meta["passage_max_length"]:
-        # lmk's convention (EmbeddingModel.build): the tokenizer's default length is the passage length; the
-        # folder's max_seq_length (sentence-transformers' one length) may have been set apart from it
-        settings = {**tokenizer.config(), "max_length": meta["passage_max_length"]}
+    passage = int(passage_max_length or first.max_seq_length)
+    if tokenizer.max_length != passage:  # lmk's convention: the tokenizer's default length is the passage length
+        settings = {**tokenizer.config(), "max_length": passage}
         tokenizer = type(tokenizer).from_config(tokenizer.tokenizer, settings, prefix_dir=tokenizer.prefix_dir)
     model = EmbeddingModel(first.auto_model, tokenizer, pooler,
-                           query_max_length=meta.get("query_max_length") or first.max_seq_length,
-                           passage_max_length=meta.get("passage_max_length") or first.max_seq_length,
+                           query_max_length=int(query_max_length or first.max_seq_length), passage_max_length=passage,
                            name=meta.get("name") or path.name, encoder_cfg=enc, pooling_cfg=pool)
     return model.to(device) if device else model
 
