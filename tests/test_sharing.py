@@ -214,3 +214,18 @@ def test_a_wrong_token_is_refused_before_the_model_loads(run, tmp_path) -> None:
         assert "refused the token (HTTP 401)" in proc.stderr and "Traceback" not in proc.stderr
         assert len(proc.stderr.strip().splitlines()) <= 2
         assert hub.log == [("GET", "/api/whoami-v2")] and hub.commits == []
+
+
+def test_only_mteb_tasks_enter_the_model_index(scored) -> None:
+    """A real MTEB task keeps its hub dataset id and its metric by name; lmk's local task stays out."""
+    import mteb
+    from mteb.results import TaskResult
+
+    from lmk.eval.card import eval_results
+
+    local = TaskResult.from_disk(next((scored / "mteb_cache").rglob("LocalShort.json")))
+    real = local.model_copy(update={"task_name": "SciFact"})
+    entries = eval_results([local, real])
+    assert [e.dataset_name for e in entries] == ["MTEB SciFact (default)"]
+    assert entries[0].dataset_type == mteb.get_task("SciFact").metadata.dataset["path"]
+    assert (entries[0].metric_type, entries[0].metric_name) == ("ndcg_at_10", "nDCG@10")
