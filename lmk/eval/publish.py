@@ -203,6 +203,9 @@ def write_folder(run_dir: str | Path, out: str | Path, *, repo_id: str | None = 
                     run_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    staging.chmod(0o777 & ~umask)  # mkdtemp's 0700 would stay on the published folder
     try:
         meta, row = _write(run_dir, staging, model, results, section, out=out, repo_id=repo_id, table=table,
                            license_=license_, base=base)
