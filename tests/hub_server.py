@@ -150,6 +150,11 @@ class HubServer:
                 url = urllib.parse.urlparse(self.path)
                 path = urllib.parse.unquote(url.path)
                 hub.log.append((self.command, path))
+                if path == "/api/whoami-v2":  # who a token is (HfApi.whoami): 401 for a token the hub does not know
+                    if not self._authorized():
+                        return self._json({"error": "Invalid credentials in Authorization header"}, 401)
+                    return self._json({"type": "user", "name": "lmk-test", "orgs": [],
+                                       "auth": {"type": "access_token", "accessToken": {"role": "write"}}})
                 if self.command == "POST" and path in ("/api/repos/create", "/api/validate-yaml"):
                     return self._create() if path.endswith("create") else self._validate_yaml()
                 m = re.match(r"^/api/(datasets|models)/([^/]+/[^/]+)/(preupload|commit|branch)/(.+)$", path)

@@ -152,7 +152,9 @@ def test_export_max_seq_length_and_landmarks(tmp_path):
     assert feats["input_ids"].shape[1] == 128
     assert feats["pool_mask"].sum() == int((feats["input_ids"] == 102).sum())
     np.testing.assert_allclose(st.encode([long]), m.encode([long], max_length=128), atol=1e-6)
-    assert load_exported(path).fingerprint() == m.fingerprint()  # the folder's own length is not lmk's default
+    back = load_exported(path)  # lmk's default is the folder's one length, as sentence-transformers' is
+    assert (back.query_max_length, back.passage_max_length) == (128, 128) and back.fingerprint() == m.fingerprint()
+    np.testing.assert_allclose(back.encode([long]), st.encode([long]), atol=1e-6)
     # a user can lengthen it like any sentence-transformers model (clamped to the 512 positions)
     st.max_seq_length = 4096
     assert st.preprocess(["word " * 1000])["input_ids"].shape[1] == 512

@@ -17,6 +17,7 @@ import yaml
 from huggingface_hub import EvalResult, ModelCardData
 
 from lmk.eval.mteb_model import PAPER
+from lmk.eval.tasks import LOCAL_TASK_CLASSES
 from lmk.model.export import needed_packages
 from lmk.run.results import Results
 
@@ -43,25 +44,44 @@ class TableRow:
 TAGS = ["sentence-transformers", "mteb", "sentence-similarity", "feature-extraction", "lmk", "landmark-pooling"]
 
 
-def _dataset(task: str) -> str:
-    """The hub dataset of an mteb task; lmk's local tasks (regenerated, not on the hub) are named lmk/<task>."""
-    try:
-        return str(mteb.get_task(task).metadata.dataset["path"])
-    except (KeyError, ValueError):
-        return f"lmk/{task}"
+def metric_label(metric: str, task: str = "") -> str:
+    """mteb's metric key as people write it: ndcg_at_10 -> nDCG@10; a LongEmbed passkey/needle task's nDCG@1 (one
+    relevant document per query) -> Acc@1, the name its paper uses."""
+    kind, _, k = metric.partition("_at_")
+    if kind == "ndcg" and k == "1" and ("Passkey" in task or "Needle" in task):
+        return "Acc@1"
+    names = {"ndcg": "nDCG", "map": "MAP", "mrr": "MRR", "recall": "Recall", "precision": "P"}
+    return f"{names[kind]}@{k}" if k and kind in names else metric
+
+
+def is_local(task: str) -> bool:
+    """One of lmk's own tasks (regenerated offline, not an mteb task, not on the hub)."""
+    return task in LOCAL_TASK_CLASSES
+
+
+def main_metric(task: str) -> str:
+    """The task's main score's metric key (ndcg_at_10, ...)."""
+    if is_local(task):
+        return str(LOCAL_TASK_CLASSES[task].metadata.main_score)
+    return str(mteb.get_task(task).metadata.main_score)
 
 
 def eval_results(task_results: list[TaskResult]) -> list[EvalResult]:
-    """One model-index entry per (task, split, subset): its main score, as mteb reports it."""
+    """One model-index entry per (mteb task, split, subset): its main score under the metric's name. lmk's local
+    tasks have no hub dataset, so they are on the card's table only (`_scores`), not in the model-index."""
     entries = []
     for result in task_results:
+        if is_local(result.task_name):
+            continue
+        task = mteb.get_task(result.task_name)
+        metric = str(task.metadata.main_score)
         for split, scores in sorted(result.scores.items()):
             for subset in scores:
                 entries.append(EvalResult(
-                    task_type="text-retrieval", task_name="Retrieval", dataset_type=_dataset(result.task_name),
+                    task_type="text-retrieval", task_name="Retrieval", dataset_type=str(task.metadata.dataset["path"]),
                     dataset_name=f"MTEB {result.task_name} ({subset.get('hf_subset', 'default')})",
                     dataset_split=split, dataset_revision=result.dataset_revision, dataset_config=subset.get(
-                        "hf_subset", "default"), metric_type="main_score", metric_name="main_score",
+                        "hf_subset", "default"), metric_type=metric, metric_name=metric_label(metric, result.task_name),
                     metric_value=round(float(subset["main_score"]), 5), source_name="MTEB (lmk)",
                     source_url="https://github.com/embeddings-benchmark/mteb/"))
     return entries
@@ -115,21 +135,37 @@ def card_row(row: TableRow | None) -> str:
 
 
 def _scores(task_results: list[TaskResult], meta: ModelMeta) -> str:
-    lines = ["| task | split | main score |", "|---|---|---:|"]
+    if not task_results:
+        return ("This model has not been evaluated: the card carries no scores. To add them, evaluate the training "
+                "run (its scores are recorded in the run) and export it again:\n\n```bash\n"
+                "python -m lmk.evaluate model=<run dir> record=true eval=<suite>\n"
+                "python -m lmk.export <run dir> --out <folder>\n```")
+    lines = ["| task | split | metric | score |", "|---|---|---|---:|"]
     for result in task_results:
+        local = is_local(result.task_name)
+        name = f"{result.task_name} (lmk's local task)" if local else f"{result.task_name} (MTEB)"
+        metric = metric_label(main_metric(result.task_name), result.task_name)
         for split, scores in sorted(result.scores.items()):
             for subset in scores:
-                lines.append(f"| {result.task_name} | {split} | {float(subset['main_score']):.5f} |")
+                lines.append(f"| {name} | {split} | {metric} | {float(subset['main_score']):.5f} |")
     folder = f"results/{meta.model_name_as_path()}/{meta.revision}/"
-    return "\n".join(lines) + (f"\n\nmteb's `TaskResult` files are in `{folder}` with `model_meta.json` beside them "
-                               "(written by mteb's `ResultCache`: the MTEB results repository's layout).")
+    note = ""
+    if any(is_local(r.task_name) for r in task_results):
+        note = ("\n\nlmk's local tasks are regenerated offline by lmk (`lmk.eval.tasks`); they are not MTEB tasks "
+                "and have no dataset on the hub, so only the MTEB tasks are in the card's model-index.")
+    return "\n".join(lines) + note + (f"\n\nmteb's `TaskResult` files are in `{folder}` with `model_meta.json` "
+                                      "beside them (written by mteb's `ResultCache`: the MTEB results repository's "
+                                      "layout).")
 
 
-def _usage(source: str, meta: ModelMeta, model: EmbeddingModel) -> str:
+def _usage(source: str, meta: ModelMeta, model: EmbeddingModel, length: int) -> str:
     q, p = meta.loader_kwargs.get("query_max_length"), meta.loader_kwargs.get("passage_max_length")
+    scored = (f"the length the scores above were computed at; mteb's loader below cuts queries at {q} tokens and "
+              f"documents at {p}, as they were scored") if p else "the model's training passage length"
     return f"""With sentence-transformers alone: the folder carries the code of its modules, hence
-`trust_remote_code=True`. Texts are cut to {p} tokens after landmark insertion (`model.max_seq_length`), the length
-the scores above were computed at.
+`trust_remote_code=True` (read the folder's `.py` files first). Texts are cut to {length} tokens after landmark
+insertion (`model.max_seq_length`, stored in `landmark_config.json`), {scored}. `lmk.export.load_exported` reads
+the same length, so lmk and sentence-transformers give the same embeddings.
 {needed_packages(model.tokenizer)}
 
 ```python
@@ -140,7 +176,7 @@ embeddings = model.encode(["What is landmark pooling?", "Landmarks summarise the
 print(model.similarity(embeddings, embeddings))   # cosine: the embeddings are L2-normalised
 ```
 
-With mteb, by name, as `lmk.evaluate` scored it (queries at {q} tokens, documents at {p}; needs `lmk`):
+With mteb, by name, as `lmk.evaluate` scores it (needs `lmk`):
 
 ```python
 import mteb
@@ -152,17 +188,18 @@ results = mteb.evaluate(model, mteb.get_tasks(tasks=["SciFact"]))
 ```"""
 
 
-def _what(model: EmbeddingModel) -> str:
+def _what(model: EmbeddingModel, evaluated: bool) -> str:
     pool = model.pooling_cfg
     label = pool.label if pool else model.name
     kind = "it pools with landmarks" if model.tokenizer.strategy != "none" else \
         "one of the paper's comparison rows, without landmarks"
-    return (f"This model was fine-tuned and evaluated with `lmk`, which reproduces the paper:\npooling `{label}` "
-            f"({kind}).")
+    done = "fine-tuned and evaluated" if evaluated else "fine-tuned (not evaluated)"
+    return f"This model was {done} with `lmk`, which reproduces the paper:\npooling `{label}` ({kind})."
 
 
 def model_card(*, meta: ModelMeta, model: EmbeddingModel, results: Results, config: dict[str, Any],
-               row: TableRow | None, task_results: list[TaskResult], source: str) -> str:
+               row: TableRow | None, task_results: list[TaskResult], source: str,
+               length: int | None = None) -> str:
     """The card's text: the metadata block, then the sections of the module doc."""
     enc = model.encoder_cfg
     base = meta.adapted_from or (f"`{enc.name}` ({enc.source} encoder)" if enc else "unknown")
@@ -179,7 +216,7 @@ def model_card(*, meta: ModelMeta, model: EmbeddingModel, results: Results, conf
 
 **LMK (landmark) pooling** inserts a landmark token after every chunk of a text and embeds the text as the mean
 of the landmark states ([LMK > CLS: Landmark Pooling for Dense Embeddings]({PAPER})).
-{_what(model)}
+{_what(model, bool(task_results))}
 
 ## Model
 
@@ -205,13 +242,13 @@ pins the expected ones).
 
 {card_row(row)}
 
-## mteb results
+## Scores
 
 {_scores(task_results, meta)}
 
 ## Use
 
-{_usage(source, meta, model)}
+{_usage(source, meta, model, length or model.passage_max_length)}
 
 ## Citation
 

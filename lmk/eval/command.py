@@ -30,6 +30,7 @@ from lmk.config.eval import EvalConfig
 from lmk.config.model import EncoderConfig, PoolingConfig
 from lmk.hub.offline import is_hub_id
 from lmk.run.cli import hydra_task, run_app
+from lmk.run.results import STATUS_DONE, read_results
 
 
 def validate_config(cfg: DictConfig) -> None:
@@ -42,7 +43,13 @@ def validate_config(cfg: DictConfig) -> None:
             check(cfg[key])
         except (ValueError, TypeError) as err:  # one line on the console, not a traceback (ConfigError)
             raise ConfigError(str(err) if str(err).startswith(f"{key}.") else f"{key}: {err}") from err
+    if not isinstance(cfg.get("trust_remote_code", False), bool):
+        raise ConfigError(f"trust_remote_code={cfg.get('trust_remote_code')!r} is not valid; allowed values: true, false")
+    if not isinstance(cfg.get("record", False), bool):
+        raise ConfigError(f"record={cfg.get('record')!r} is not valid; allowed values: true, false")
     model = cfg.get("model")
+    if cfg.get("record"):
+        check_record_target(model)
     if model not in (None, "", "null") and not is_hub_id(model) and not Path(str(model)).expanduser().exists():
         raise ConfigError(f"model={model!r} does not exist; give a training run dir, an exported model "
                                 "folder, a .ckpt, a Hugging Face encoder (folder or hub id owner/name) or null")
@@ -50,6 +57,16 @@ def validate_config(cfg: DictConfig) -> None:
     from lmk.eval.preflight import preflight
 
     preflight(cfg)  # eval task names resolve (mteb's registry, offline), the hub mirror is set
+
+
+def check_record_target(model: Any) -> None:
+    """record=true writes into model='s training run: it must be a finished one (its results.json says so)."""
+    folder = Path(str(model)).expanduser() if model not in (None, "", "null") else None
+    raw = read_results(folder) if folder is not None and folder.is_dir() else {}
+    if raw.get("command") == "evaluate" or raw.get("status") != STATUS_DONE:
+        raise ConfigError(f"record=true records the scores in model='s training run, but model={model!r} is not a "
+                          "finished training run folder; give model=<the folder python -m lmk.train wrote>, or "
+                          "leave record out")
 
 
 def run(cfg: DictConfig, run_dir: str | os.PathLike | None = None, cross_pooling: bool | None = None) -> dict[str, Any]:

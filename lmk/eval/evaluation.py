@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import traceback
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ from typing import Any
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from lmk.config import derive_seeds
+from lmk.config import ConfigError, derive_seeds
 from lmk.config.eval import EvalConfig
 from lmk.eval.prepared import attach, reading
 from lmk.eval.runner import run_suite
@@ -35,6 +36,23 @@ def _pooling_overridden() -> bool:
     except Exception:  # not under Hydra (tests call run() directly)
         return False
     return any(o.lstrip("+~").split("=", 1)[0].split(".", 1)[0] == "pooling" for o in overrides)
+
+
+def _record(cfg: DictConfig, info: dict[str, Any], section: dict[str, Any], out_dir: Path,
+            cross_pooling: bool) -> None:
+    """record=true: the scores become the training run's own (its results.json eval section, replaced, and its
+    per-query file), which `python -m lmk.export` publishes."""
+    run = info.get("run_dir")
+    if not run or cross_pooling:
+        why = "another pooling than the run's" if cross_pooling else f"a {info['kind']}, not a training run folder"
+        raise ConfigError(f"record=true: model={cfg.get('model')!r} was evaluated as {why}, so its scores are not the "
+                          "run's; give model=<training run folder> without pooling=, or leave record out")
+    per_query = section.get("per_query")
+    if per_query and (out_dir / per_query).is_file():
+        shutil.copyfile(out_dir / per_query, Path(run) / per_query)
+    update_results(run, eval=None)  # replaced, not merged: no task of an earlier evaluation stays behind
+    update_results(run, eval=section)
+    log.info("scores recorded in %s (python -m lmk.export %s publishes them)", Path(run) / "results.json", run)
 
 
 def evaluate(cfg: DictConfig, run_dir: str | os.PathLike | None = None, cross_pooling: bool | None = None
@@ -65,7 +83,8 @@ def evaluate(cfg: DictConfig, run_dir: str | os.PathLike | None = None, cross_po
                 attach(tasks, prepared_root)  # data not prepared for a task fails here too
         with timer.section("load_model"):
             seeded = derive_seeds(cfg)  # a null encoder.seed (random init) is the root seed, as in training
-            model, info = load_model(cfg.get("model"), seeded.get("encoder"), cfg.get("pooling"), int(cfg.get("seed", 0)))
+            model, info = load_model(cfg.get("model"), seeded.get("encoder"), cfg.get("pooling"), int(cfg.get("seed", 0)),
+                                     trust_remote_code=bool(cfg.get("trust_remote_code", False)))
             if cross_pooling is None:
                 cross_pooling = _pooling_overridden()
             # a plain HF encoder was built with cfg.pooling already: nothing to swap
@@ -92,6 +111,8 @@ def evaluate(cfg: DictConfig, run_dir: str | os.PathLike | None = None, cross_po
                 log.info("eval data of %d hub tasks read from %s", len(prepared), prepared_root)
             section = run_suite(model, eval_cfg, cache_dir, logger=loggers, out_dir=run_dir, tasks=tasks)
         section["cache_dir"] = str(cache_dir)
+        if cfg.get("record"):
+            _record(cfg, info, section, run_dir, cross_pooling)
         update_results(run_dir, status="done", eval=section, timings=dict(timer.timings))
         exit_code = 0
         return section

@@ -124,8 +124,9 @@ def load_model(model_name: str, revision: str | None = None, device: str | None 
                hub_revision: str | None = None, query_max_length: int | None = None,
                passage_max_length: int | None = None, batch_size: int = 32, max_tokens_per_batch: int | None = None,
                precision: str = "fp32", workers: int | str = "auto", **kwargs: Any) -> LmkEncoder:
-    """mteb's loader: the export at `source` as the encoder `lmk.evaluate` runs (both max lengths default to the
-    model's max_seq_length, as sentence-transformers encodes)."""
+    """mteb's loader: the export at `source` as the encoder `lmk.evaluate` runs. The max lengths default to those
+    the folder's card scores were computed at (`scored_at`, written by `python -m lmk.export`), else to its
+    max_seq_length (as sentence-transformers encodes)."""
     if kwargs:
         raise TypeError(f"{model_name}: unknown loader options {sorted(kwargs)}; allowed: query_max_length, "
                         "passage_max_length, batch_size, max_tokens_per_batch, precision, workers")
@@ -134,8 +135,12 @@ def load_model(model_name: str, revision: str | None = None, device: str | None 
     if revision and revision != model.fingerprint():
         raise ValueError(f"{model_name}: revision {revision} asked for, the folder's weights are {model.fingerprint()}"
                          " (lmk's weights fingerprint); load the matching folder or revision")
-    default = int(_settings(folder).get("max_seq_length") or model.passage_max_length)
-    return LmkEncoder(model, query_max_length or default, passage_max_length or default, batch_size,
+    settings = _settings(folder)
+    default = int(settings.get("max_seq_length") or model.passage_max_length)
+    scored = (settings.get("lmk") or {}).get("scored_at") or {}
+    query_max_length = query_max_length or int(scored.get("query_max_length") or default)
+    passage_max_length = passage_max_length or int(scored.get("passage_max_length") or default)
+    return LmkEncoder(model, query_max_length, passage_max_length, batch_size,
                       max_tokens_per_batch=max_tokens_per_batch, precision=precision, workers=workers)
 
 

@@ -5,10 +5,12 @@ results in the results repository's layout; then, when asked, the hub.
 
 The folder (`out`, a temporary one when only pushing):
 
-    <export>                          lmk.model.export's layout (the code travels), max_seq_length = the eval length
+    <export>                          lmk.model.export's layout (the code travels, with lmk's LICENSE);
+                                      max_seq_length = the eval passage length (the training one when not evaluated)
     README.md                         the card (lmk.eval.card): metadata (library_name, tags, base_model, datasets,
                                       license, model-index) and the run's facts
-    results/<org>__<model>/<rev>/     each evaluated task's mteb TaskResult + model_meta.json (mteb's ResultCache)
+    results/<org>__<model>/<rev>/     each evaluated task's mteb TaskResult + model_meta.json (mteb's ResultCache);
+                                      absent for a run never evaluated (the card says it has no scores)
 
 The Table 2 row comes from the sweep's table (`<sweep>/<table>.json`, found above the run folder, or `table=`):
 its cells under their column names, and the table's provenance lines.
@@ -19,6 +21,8 @@ from __future__ import annotations
 import datetime
 import json
 import logging
+import os
+import shutil
 import tempfile
 from dataclasses import dataclass
 from importlib import metadata
@@ -145,9 +149,11 @@ def _meta(folder: Path, name: str, model: Any, results: Results, license_: str, 
           repo_id: str | None) -> ModelMeta:
     section = results.eval
     hub, mteb_names = training_sets(results.config)
+    # the lengths the scores were computed at, as the model applies them (cut to its positions)
+    scored = {k: min(int(getattr(section, k) or model.max_positions), model.max_positions)
+              for k in ("query_max_length", "passage_max_length")} if section.tasks else {}
     return ModelMeta(
-        loader=load_model, loader_kwargs={"query_max_length": section.query_max_length,
-                                          "passage_max_length": section.passage_max_length},
+        loader=load_model, loader_kwargs=scored,
         name=name, revision=model.fingerprint(), release_date=datetime.date.today().isoformat(), languages=None,
         n_parameters=n_parameters(folder), memory_usage_mb=round(n_parameters(folder) * 4 / 2**20, 1),
         max_tokens=float(model.max_positions), embed_dim=model.hidden_size, license=license_, open_weights=True,
@@ -158,36 +164,84 @@ def _meta(folder: Path, name: str, model: Any, results: Results, license_: str, 
     )
 
 
+def _unfinished(run_dir: Path, results: Results) -> PublishError:
+    if results.is_empty:
+        return PublishError(f"{run_dir} has no results.json, so it is not a training run; give the folder "
+                            "`python -m lmk.train` wrote (outputs/train/<name>/...)")
+    if results.command == "evaluate":
+        return PublishError(f"{run_dir} is an lmk.evaluate folder, not a training run; export the run it evaluated "
+                            f"({(results.model or {}).get('run_dir') or 'model= of that evaluation'})")
+    return PublishError(f"{run_dir} has not finished training (results.json status {results.status!r}); finish it "
+                        "first: rerun its `python -m lmk.train ...` command, which resumes from its checkpoints")
+
+
+def usage_source(out: Path, repo_id: str | None) -> str:
+    """What the card's usage lines load: the repo id, else the folder relative to where the command ran (never a
+    path of this machine: the card travels)."""
+    if repo_id:
+        return repo_id
+    rel = Path(os.path.relpath(out.resolve(), Path.cwd().resolve()))
+    return rel.as_posix() if not rel.as_posix().startswith("..") else out.name
+
+
 def write_folder(run_dir: str | Path, out: str | Path, *, repo_id: str | None = None, table: str | Path | None = None,
                  license_: str | None = None, base: str | None = None) -> Publication:
-    """Write the publication folder of a finished run (see the module doc); nothing is uploaded."""
+    """Write the publication folder of a finished run (see the module doc); nothing is uploaded. The folder appears
+    whole or not at all: it is written beside `out` and renamed into place."""
     run_dir, out = Path(run_dir), Path(out)
-    if out.exists() and any(out.iterdir()):
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise PublishError(f"--out {out} exists and is not empty (files of another model would be published with "
                            "this one); give a new folder")
     results = Results.read(run_dir)
-    if results.status != STATUS_DONE or not results.eval.tasks:
-        raise PublishError(f"{run_dir} is not a finished, evaluated run (results.json status "
-                           f"{results.status!r}); publish a run whose training and evaluation finished")
+    if results.status != STATUS_DONE or results.command == "evaluate":
+        raise _unfinished(run_dir, results)
     model, _ = load_run_model(run_dir)
-    section = results.eval
-    if model.fingerprint() != section.fingerprint:
-        log.warning("%s: the weights (fingerprint %s) are not the ones evaluated (%s)", run_dir, model.fingerprint(),
-                    section.fingerprint)
-    length = min(int(section.passage_max_length or model.max_positions), model.max_positions)
-    export_sentence_transformers(model, out, max_seq_length=length)
+    section = results.eval if results.eval.tasks else None
+    if section is not None and model.fingerprint() != section.fingerprint:
+        log.warning("%s: the weights (fingerprint %s) are not the ones evaluated (%s); evaluate them again: "
+                    "python -m lmk.evaluate model=%s record=true", run_dir, model.fingerprint(), section.fingerprint,
+                    run_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    staging.chmod(0o777 & ~umask)  # mkdtemp's 0700 would stay on the published folder
+    try:
+        meta, row = _write(run_dir, staging, model, results, section, out=out, repo_id=repo_id, table=table,
+                           license_=license_, base=base)
+        if out.exists():
+            out.rmdir()  # empty (checked above)
+        staging.rename(out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return Publication(out, meta, row)
+
+
+def _write(run_dir: Path, folder: Path, model: Any, results: Results, section: EvalRecord | None, *, out: Path,
+           repo_id: str | None, table: str | Path | None, license_: str | None, base: str | None
+           ) -> tuple[ModelMeta, TableRow | None]:
+    length = min(model.passage_max_length, model.max_positions)
+    scored = None
+    if section is not None:  # the length the scores were computed at: sentence-transformers' and lmk's default
+        length = min(int(section.passage_max_length or model.max_positions), model.max_positions)
+        scored = {"query_max_length": min(int(section.query_max_length or length), model.max_positions),
+                  "passage_max_length": length}
+    export_sentence_transformers(model, folder, max_seq_length=length, scored_at=scored)
     encoder = model.encoder_cfg
     base = base or (base_model(encoder) if encoder else None)
     license_ = license_ or (base_license(encoder) if encoder else "other")
     label = "".join(c if c.isalnum() or c in "-_." else "-" for c in model.name)
-    meta = _meta(out, repo_id or f"lmk/{label}", model, results, license_, base, repo_id)
-    results_found = task_results(run_dir, section)
-    save_results(results_found, meta, out)
+    meta = _meta(folder, repo_id or f"lmk/{label}", model, results, license_, base, repo_id)
+    results_found = task_results(run_dir, section) if section is not None else []
+    if results_found:
+        save_results(results_found, meta, folder)
     row = table_row(run_dir, table)
     config = {k: results.config[k] for k in CONFIG_SECTIONS if k in results.config}
-    (out / "README.md").write_text(model_card(meta=meta, model=model, results=results, config=config, row=row,
-                                              task_results=results_found, source=repo_id or str(out)))
-    return Publication(out, meta, row)
+    (folder / "README.md").write_text(model_card(meta=meta, model=model, results=results, config=config, row=row,
+                                                 task_results=results_found, source=usage_source(out, repo_id),
+                                                 length=length))
+    return meta, row
 
 
 def publish(run_dir: str | Path, *, out: str | Path | None = None, repo_id: str | None = None, private: bool = False,
@@ -197,7 +251,7 @@ def publish(run_dir: str | Path, *, out: str | Path | None = None, repo_id: str 
     if out is None and repo_id is None:
         raise PublishError("nothing to do: give --out DIR (write the folder) and/or --push-to-hub <org>/<name>")
     if repo_id:
-        check_push(repo_id)  # no token, offline, a bad id: fail before the model loads
+        check_push(repo_id, verify=True)  # no token, a refused token, offline, a bad id: before the model loads
     with tempfile.TemporaryDirectory(prefix="lmk-publish-") as scratch:
         pub = write_folder(run_dir, Path(out) if out else Path(scratch) / "model", repo_id=repo_id, table=table,
                            license_=license_, base=base)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from huggingface_hub import HfApi, constants, get_token
+from huggingface_hub.errors import HfHubHTTPError
 
 from lmk.config import UserError
 
@@ -28,8 +29,9 @@ class Pushed:
     url: str  # the commit's page
 
 
-def check_push(repo_id: str) -> str:
-    """The token a push to `repo_id` would use; PushError naming the fix when a push cannot start."""
+def check_push(repo_id: str, verify: bool = False) -> str:
+    """The token a push to `repo_id` would use; PushError naming the fix when a push cannot start. `verify`: ask
+    the hub who the token is (HfApi.whoami) first, so a wrong token fails before any model loads or file is sent."""
     parts = repo_id.split("/")
     if len(parts) != 2 or not all(parts):
         raise PushError(f"--push-to-hub {repo_id!r} is not a repo id; give <user or org>/<name>, e.g. me/lmk-fixed-32")
@@ -39,6 +41,16 @@ def check_push(repo_id: str) -> str:
     if not token:
         raise PushError("pushing to the hub needs a write token; set HF_TOKEN=<token> (a write token from "
                         "https://huggingface.co/settings/tokens) or run `hf auth login`")
+    if verify:
+        try:
+            HfApi(token=token).whoami()
+        except HfHubHTTPError as err:
+            status = err.response.status_code if err.response is not None else "?"
+            raise PushError(f"the hub at {constants.ENDPOINT} refused the token (HTTP {status}); set HF_TOKEN to a valid "
+                            "write token (https://huggingface.co/settings/tokens) or run `hf auth login`") from None
+        except OSError as err:  # no connection: nothing was sent
+            raise PushError(f"the hub at {constants.ENDPOINT} cannot be reached ({type(err).__name__}); check the "
+                            "network or HF_ENDPOINT, then push again") from None
     return token
 
 

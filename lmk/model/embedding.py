@@ -326,9 +326,13 @@ class EmbeddingModel(torch.nn.Module):
 
     @classmethod
     def from_pretrained(
-        cls, path: str | os.PathLike, pooler_weights: str | os.PathLike | None = None, **model_kwargs: Any
+        cls, path: str | os.PathLike, pooler_weights: str | os.PathLike | None = None,
+        trust_remote_code: bool = False, **model_kwargs: Any
     ) -> EmbeddingModel:
-        """Reload a `save_pretrained` folder; `model_kwargs` go to AutoModel.from_pretrained (e.g. dtype)."""
+        """Reload a `save_pretrained` folder; `model_kwargs` go to AutoModel.from_pretrained (e.g. dtype).
+
+        The backbone's own code (auto_map) runs only when the caller passes `trust_remote_code=True`: the
+        folder's lmk_config.json records the training flag, which is never read as permission."""
         path = Path(path)
         cfg_file = path / LMK_CONFIG_FILE
         if not cfg_file.is_file():
@@ -341,14 +345,14 @@ class EmbeddingModel(torch.nn.Module):
             raise ValueError(f"{cfg_file}: format_version {cfg.get('format_version')!r} != {FORMAT_VERSION}")
         enc = EncoderConfig.coerce(cfg["encoder"]) if cfg.get("encoder") else None
         pool = PoolingConfig.coerce(cfg["pooling"]) if cfg.get("pooling") else None
-        kwargs: dict[str, Any] = {}
+        kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code}
         if enc is not None:
-            kwargs.update(attn_implementation=enc.attn_implementation, trust_remote_code=enc.trust_remote_code)
+            kwargs.update(attn_implementation=enc.attn_implementation)
         kwargs.update(model_kwargs)
         backbone = AutoModel.from_pretrained(path, **kwargs)
         max_positions = int(cfg.get("max_positions") or (enc.max_positions if enc else 512))
-        hf_tok = AutoTokenizer.from_pretrained(path, model_max_length=max_positions, **(
-            {"trust_remote_code": enc.trust_remote_code} if enc else {}))
+        hf_tok = AutoTokenizer.from_pretrained(path, model_max_length=max_positions,
+                                               trust_remote_code=trust_remote_code)
         tok = LandmarkTokenizer.from_config(hf_tok, cfg["tokenizer"])
         pooler = build_pooler(cfg["pooler"]["name"], hidden_size=int(backbone.config.hidden_size),
                               **cfg["pooler"].get("kwargs", {}))
@@ -374,9 +378,15 @@ class EmbeddingModel(torch.nn.Module):
 
     # ------------------------------------------------------------------------------ fingerprint
     def fingerprint(self) -> str:
-        """Short hash of weights + config: equal fingerprints mean equal embeddings (eval cache key)."""
+        """Short hash of weights + config: equal fingerprints mean equal embeddings at equal max lengths (eval cache
+        key, with the per-side lengths)."""
         h = hashlib.blake2b(digest_size=8)
         cfg = self.lmk_config()
+        # the default lengths are not the model: an export's one max_seq_length (lmk.model.export) and a run's
+        # training lengths give the same weights one identity; the eval cache keys the lengths used apart
+        for key in ("query_max_length", "passage_max_length"):
+            cfg.pop(key)
+        cfg["tokenizer"] = {k: v for k, v in cfg["tokenizer"].items() if k != "max_length"}
         h.update(json.dumps(cfg, sort_keys=True, default=str).encode())
         for module in (self.backbone, self.pooler):
             if not isinstance(module, torch.nn.Module):

@@ -9,6 +9,7 @@ Layout written by `export_sentence_transformers(model, path)`::
       config.json, model.safetensors, tokenizer files   the backbone (Hugging Face format)
       1_<Pooler class>/config.json  the pooler's settings (pooling_mode, options; model.safetensors when trainable)
       *.py                          lmk/model/landmark's files, verbatim (the code modules.json names)
+      LICENSE                       lmk's licence (Apache-2.0), which that code is under
       non_breaking_prefixes/        the koehn splitter's prefix file and its licence (sentence strategy only)
       README.md
 
@@ -23,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import struct
 import sys
 from pathlib import Path
 from typing import Any
@@ -30,7 +32,9 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 from sentence_transformers import SentenceTransformer
+from transformers import AutoConfig, AutoModel
 
+from lmk.config import UserError
 from lmk.config.model import EncoderConfig, PoolingConfig
 from lmk.model.embedding import EmbeddingModel
 from lmk.model.landmark import LandmarkTransformer
@@ -56,8 +60,11 @@ def class_ref(module: torch.nn.Module) -> str:
     return f"{file.stem}.{cls.__name__}"
 
 
-def to_sentence_transformer(model: EmbeddingModel, max_seq_length: int | None = None) -> SentenceTransformer:
-    """A SentenceTransformer sharing `model`'s backbone, tokenizer and pooler (no copy)."""
+def to_sentence_transformer(model: EmbeddingModel, max_seq_length: int | None = None,
+                            scored_at: dict[str, int] | None = None) -> SentenceTransformer:
+    """A SentenceTransformer sharing `model`'s backbone, tokenizer and pooler (no copy). `scored_at`: the per-side
+    lengths a model card's scores were computed at (query_max_length, passage_max_length), mteb's loader's
+    defaults (lmk.eval.mteb_model)."""
     if model.pooling_cfg is None:
         raise ValueError("export needs model.pooling_cfg (build the model with EmbeddingModel.build)")
     if not isinstance(model.pooler, Pooler):
@@ -65,6 +72,8 @@ def to_sentence_transformer(model: EmbeddingModel, max_seq_length: int | None = 
     description = model.lmk_config()
     lmk = {k: description[k] for k in ("name", "encoder", "pooling", "query_max_length", "passage_max_length")}
     lmk["fingerprint"] = model.fingerprint()  # the weights' identity: mteb's model revision (lmk.eval.mteb_model)
+    if scored_at:
+        lmk["scored_at"] = {k: int(scored_at[k]) for k in ("query_max_length", "passage_max_length")}
     encoder = model.encoder_cfg
     first = LandmarkTransformer(model.backbone, model.tokenizer, max_seq_length=max_seq_length or model.passage_max_length,
                                 max_positions=model.max_positions, rope=encoder.rope if encoder else True,
@@ -74,11 +83,11 @@ def to_sentence_transformer(model: EmbeddingModel, max_seq_length: int | None = 
 
 
 def export_sentence_transformers(model: EmbeddingModel, path: str | os.PathLike,
-                                 max_seq_length: int | None = None) -> Path:
-    """Write a sentence-transformers folder that carries its code; `max_seq_length` defaults to the model's passage
-    max length."""
+                                 max_seq_length: int | None = None, scored_at: dict[str, int] | None = None) -> Path:
+    """Write a sentence-transformers folder that carries its code; `max_seq_length` (the one length both
+    sentence-transformers and `load_exported` cut texts at by default) defaults to the model's passage max length."""
     path = Path(path)
-    st = to_sentence_transformer(model, max_seq_length=max_seq_length)
+    st = to_sentence_transformer(model, max_seq_length=max_seq_length, scored_at=scored_at)
     st.save(str(path), create_model_card=False)
     modules = json.loads((path / "modules.json").read_text())
     for entry, module in zip(modules, st):
@@ -86,10 +95,26 @@ def export_sentence_transformers(model: EmbeddingModel, path: str | os.PathLike,
     (path / "modules.json").write_text(json.dumps(modules, indent=2))
     for file in code_files():
         shutil.copyfile(file, path / file.name)
+    shutil.copyfile(CODE_DIR / "LICENSE", path / "LICENSE")  # lmk's licence, for the code that travels
+    _normalise_tokenizer_config(path / "tokenizer_config.json")
     (path / "README.md").write_text(_README.format(name=model.name, max_len=st[0].max_seq_length,
                                                    pooling=json.dumps(model.pooling_cfg.to_dict()),
                                                    needs=needed_packages(model.tokenizer)))
     return path
+
+
+# how the tokenizer was loaded this time (HF_HUB_OFFLINE, a cache or a folder), not what it is: left out, so an
+# export's bytes do not depend on the environment it was written in
+_LOAD_KEYS = ("local_files_only", "is_local", "cache_dir", "_commit_hash")
+
+
+def _normalise_tokenizer_config(file: Path) -> None:
+    if not file.is_file():
+        return
+    data = json.loads(file.read_text(encoding="utf-8"))
+    kept = {k: v for k, v in data.items() if k not in _LOAD_KEYS}
+    if kept != data:
+        file.write_text(json.dumps(kept, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 def needed_packages(tokenizer: Any) -> str:
@@ -107,8 +132,11 @@ def is_export(path: str | os.PathLike) -> bool:
     modules = Path(path) / "modules.json"
     if not modules.is_file():
         return False
-    first = json.loads(modules.read_text())[0]["type"]
-    return first.endswith(".LandmarkTransformer")
+    try:
+        first = json.loads(modules.read_text())[0]["type"]
+    except (ValueError, KeyError, IndexError, TypeError):
+        return True  # unreadable: load_exported names the file and the fix (check_folder)
+    return str(first).endswith(".LandmarkTransformer")
 
 
 class LegacyExportPooling:
@@ -147,28 +175,111 @@ def _pooler_class(ref: str) -> Any:
                      f"(registered: {', '.join(c.__name__ for c in POOLERS.values())})")
 
 
-def load_exported(path: str | os.PathLike, device: str | None = "cpu") -> EmbeddingModel:
-    """An exported folder -> EmbeddingModel, built from lmk's own classes (no code from the folder runs)."""
+class ExportFolderError(UserError, ValueError):
+    """A folder that is not a whole lmk export (a file missing, truncated or of the wrong shape)."""
+
+
+REFETCH = "download the folder again, or export the run again (python -m lmk.export <run dir> --out <folder>)"
+
+
+def _check_safetensors(file: Path) -> None:
+    """The file is there and as long as its header says (a download or copy cut short is named, not loaded)."""
+    if not file.is_file():
+        raise ExportFolderError(f"{file} is missing; {REFETCH}")
+    size = file.stat().st_size
+    try:
+        with open(file, "rb") as fh:
+            length = struct.unpack("<Q", fh.read(8))[0]
+            header = json.loads(fh.read(length))
+        end = max((int(e["data_offsets"][1]) for k, e in header.items() if k != "__metadata__"), default=0)
+    except (struct.error, ValueError, KeyError, TypeError, UnicodeDecodeError, MemoryError, OverflowError) as err:
+        raise ExportFolderError(f"{file} is not a whole safetensors file ({type(err).__name__}); {REFETCH}") from None
+    if 8 + length + end != size:
+        raise ExportFolderError(f"{file} is truncated ({size} of {8 + length + end} bytes); {REFETCH}")
+
+
+def _header_shapes(file: Path) -> dict[str, tuple[int, ...]]:
+    with open(file, "rb") as fh:
+        header = json.loads(fh.read(struct.unpack("<Q", fh.read(8))[0]))
+    return {k: tuple(e["shape"]) for k, e in header.items() if k != "__metadata__"}
+
+
+def _check_config(folder: Path) -> None:
+    """config.json builds the backbone (transformers' own classes, no code from the folder) and its shapes are
+    the weights': a config of the wrong shape is named before transformers loads (and re-initialises) anything."""
+    file = folder / "config.json"
+    try:
+        config = AutoConfig.from_pretrained(str(folder), trust_remote_code=False)
+        with torch.device("meta"):  # shapes only: no memory, no init
+            model = AutoModel.from_config(config)
+    except Exception as err:  # noqa: BLE001 - whatever transformers makes of it: one line naming the file
+        first = (str(err).strip().splitlines() or [type(err).__name__])[-1].strip()
+        raise ExportFolderError(f"{file} does not build a model ({first[:200]}); {REFETCH}") from None
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    prefix = f"{model.base_model_prefix}."
+    for key, shape in _header_shapes(folder / "model.safetensors").items():
+        want = expected.get(key, expected.get(key.removeprefix(prefix)))
+        if want is not None and want != shape:
+            raise ExportFolderError(f"{file} does not match model.safetensors ({key}: the config makes {list(want)}, "
+                                    f"the weights are {list(shape)}); {REFETCH}")
+
+
+def _modules(path: Path) -> list[dict[str, Any]]:
+    """modules.json of an export: two modules, the landmark input module then a pooler lmk has."""
+    file = path / "modules.json"
+    try:
+        modules = json.loads(file.read_text(encoding="utf-8"))
+        types = [str(m["type"]) for m in modules]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise ExportFolderError(f"{file} does not read as a module list ({type(err).__name__}); {REFETCH}") from None
+    if len(modules) != 2 or not types[0].endswith(".LandmarkTransformer"):
+        raise ExportFolderError(f"{file}: an lmk export has two modules (LandmarkTransformer, a pooler), found "
+                                f"{types}; {REFETCH}")
+    try:
+        _pooler_class(types[1])
+    except ValueError as err:
+        raise ExportFolderError(f"{file}: {err}; {REFETCH}") from None
+    return modules
+
+
+def check_folder(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """An export's modules (see `_modules`) once its weights files are whole; ExportFolderError (one line naming
+    the file and the fix) otherwise. Nothing is loaded."""
+    path = Path(path)
+    modules = _modules(path)
+    _check_safetensors(path / modules[0].get("path", "") / "model.safetensors")
+    _check_config(path / modules[0].get("path", ""))
+    for file in sorted((path / modules[1]["path"]).glob("*.safetensors")) if modules[1].get("path") else []:
+        _check_safetensors(file)
+    return modules
+
+
+def load_exported(path: str | os.PathLike, device: str | None = "cpu", query_max_length: int | None = None,
+                  passage_max_length: int | None = None) -> EmbeddingModel:
+    """An exported folder -> EmbeddingModel, built from lmk's own classes (no code from the folder runs).
+
+    Both sides default to the folder's `max_seq_length` (landmark_config.json), the length sentence-transformers
+    cuts texts at: the same folder gives the same embeddings either way unless a length is given here."""
     path = Path(path)
     if not is_export(path):
         raise ValueError(f"{path} is not an lmk export (no modules.json whose first module is LandmarkTransformer)")
-    modules = json.loads((path / "modules.json").read_text())
-    if len(modules) != 2:
-        raise ValueError(f"{path}: an lmk export has two modules (landmark input, pooler), found {len(modules)}")
-    first = LandmarkTransformer.load(str(path), subfolder=modules[0]["path"])
-    pooler = _pooler_class(modules[1]["type"]).load(str(path), subfolder=modules[1]["path"])
+    modules = check_folder(path)
+    try:
+        first = LandmarkTransformer.load(str(path), subfolder=modules[0]["path"])
+        pooler = _pooler_class(modules[1]["type"]).load(str(path), subfolder=modules[1]["path"])
+    except (OSError, ValueError, RuntimeError, KeyError, TypeError) as err:  # a module's config lmk cannot read
+        first_line = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise ExportFolderError(f"{path}: a module's settings do not load ({first_line[:300]}); {REFETCH}") from err
     meta = first.lmk
     enc = EncoderConfig.coerce(meta["encoder"]) if meta.get("encoder") else None
     pool = PoolingConfig.coerce(meta["pooling"]) if meta.get("pooling") else None
     tokenizer = first.landmark_tokenizer
-    if meta.get("passage_max_length") and tokenizer.max_length != meta["passage_max_length"]:
-        # lmk's convention (EmbeddingModel.build): the tokenizer's default length is the passage length; the
-        # folder's max_seq_length (sentence-transformers' one length) may have been set apart from it
-        settings = {**tokenizer.config(), "max_length": meta["passage_max_length"]}
+    passage = int(passage_max_length or first.max_seq_length)
+    if tokenizer.max_length != passage:  # lmk's convention: the tokenizer's default length is the passage length
+        settings = {**tokenizer.config(), "max_length": passage}
         tokenizer = type(tokenizer).from_config(tokenizer.tokenizer, settings, prefix_dir=tokenizer.prefix_dir)
     model = EmbeddingModel(first.auto_model, tokenizer, pooler,
-                           query_max_length=meta.get("query_max_length") or first.max_seq_length,
-                           passage_max_length=meta.get("passage_max_length") or first.max_seq_length,
+                           query_max_length=int(query_max_length or first.max_seq_length), passage_max_length=passage,
                            name=meta.get("name") or path.name, encoder_cfg=enc, pooling_cfg=pool)
     return model.to(device) if device else model
 
@@ -184,6 +295,7 @@ Landmark (LMK) pooling embedding model written by `lmk`. The folder carries the 
 
 ```python
 from sentence_transformers import SentenceTransformer
+from transformers import AutoConfig, AutoModel
 model = SentenceTransformer("PATH", trust_remote_code=True)   # runs the folder's own module code
 model.max_seq_length = 8192   # default {max_len}; longer inputs are truncated after landmark insertion
 emb = model.encode(["a text"])                                 # already L2-normalised

@@ -15,7 +15,7 @@ from lmk.run.cli import error_line
 def push_target(prefix: str) -> str:
     """argparse type of --push-to-hub: a usable `<org>/<prefix>` (and a token), checked before any training."""
     try:
-        check_push(prefix)
+        check_push(prefix, verify=True)  # a token the hub refuses fails here too, before any training
     except PushError as err:
         raise argparse.ArgumentTypeError(str(err)) from None
     return prefix

@@ -24,6 +24,7 @@ import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
 from lmk.config import CKPT_AUTO, CKPT_FRESH
+from lmk.model.checkpoint import load_checkpoint
 from lmk.run.checkpoint_dir import SUPERSEDED_DIR, TMP_MARK, candidates, clear_partial_saves, move_aside
 
 __all__ = ["SUPERSEDED_DIR", "AtomicCheckpointIO", "CheckpointInfo", "ResumePoint", "candidates",
@@ -79,8 +80,9 @@ def read_info(path: str | os.PathLike) -> tuple[CheckpointInfo | None, str]:
     """(what a checkpoint records, "") if it loads; (None, why not) if it does not."""
     path = Path(path)
     try:
-        # mmap: the header and the small entries are read, the tensors stay on disk
-        ckpt = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+        # mmap: the header and the small entries are read, the tensors stay on disk; weights_only with lmk's
+        # types: a checkpoint holding anything else is refused, its code never runs
+        ckpt = load_checkpoint(path, mmap=True)
     except Exception as err:  # noqa: BLE001 - any failure to load means "not resumable"
         return None, f"does not load ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})"
     run = ckpt.get(RUN_KEY) or {}

@@ -27,6 +27,7 @@ from lmk.config import CKPT_AUTO, CKPT_FRESH, RootConfig, derive_seeds, to_conta
 from lmk.data.datamodule import PairDataModule
 from lmk.eval.callback import build_eval_callback
 from lmk.hub.mirror import with_mirrored_sources
+from lmk.model.checkpoint import allowed_types, check_checkpoint
 from lmk.model.embedding import EmbeddingModel
 from lmk.model.export import export_sentence_transformers
 from lmk.run import faults
@@ -239,7 +240,10 @@ def _fit(run: _Run) -> float:
             # does not. A stream has no position to restore: that warning stays.
             warnings.filterwarnings("ignore", message=".*dataloader is not resumable.*")
         ckpt = str(run.point.path) if run.point.path else None
-        run.trainer.fit(run.module, datamodule=run.datamodule, ckpt_path=ckpt)
+        if run.point.path:
+            check_checkpoint(run.point.path)  # a foreign type: one line naming the file and the type
+        with allowed_types():  # weights_only: no code a checkpoint holds runs, only lmk's types load
+            run.trainer.fit(run.module, datamodule=run.datamodule, ckpt_path=ckpt, weights_only=True)
     if run.callbacks[0]._last_global_step_saved != run.trainer.global_step:
         run.trainer.save_checkpoint(str(run.run_dir / "checkpoints" / "last.ckpt"))
     return time.perf_counter() - t0
