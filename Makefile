@@ -44,18 +44,22 @@ $(STAMP): pyproject.toml requirements.lock
 	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $(STAMP)
 
+# The suites run on every core (pytest-xdist, a test module's tests on one worker so its fixtures are built
+# once); WORKERS=1 runs them in one process.
+WORKERS ?= auto
+XDIST   := $(if $(filter 1,$(WORKERS)),-p no:xdist,-n $(WORKERS) --dist loadscope)
 test: install
-	WANDB_MODE=offline $(PY) -m pytest -q
+	WANDB_MODE=offline $(PY) -m pytest -q $(XDIST)
 
 test-slow: install
-	WANDB_MODE=offline $(PY) -m pytest -q -m slow
+	WANDB_MODE=offline $(PY) -m pytest -q -m slow $(XDIST)
 
 # The scheduler tests (requeue, time limits, node loss on the real scheduler) on the local cluster.
 test-slurm: install slurm-up
 	WANDB_MODE=offline $(PY) -m pytest -q -m slurm
 
 test-all: install
-	WANDB_MODE=offline $(PY) -m pytest -q -m "not gpu and not network and not slurm"
+	WANDB_MODE=offline $(PY) -m pytest -q -m "not gpu and not network and not slurm" $(XDIST)
 
 # Refresh the lock: a fresh resolution of torch==2.13.0 + constraints.txt + .[dev] (nothing is installed),
 # then `make install` on a new venv installs exactly it. Commit requirements.lock with the change.
