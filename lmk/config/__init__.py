@@ -9,7 +9,7 @@ key or a value fails in about a second, naming the key and what is allowed.
     data.py     DataConfig, SourceConfig (group data/)
     eval.py     EvalConfig (group eval/)
     device.py   eval device / precision specs
-    registry.py the names of registered components (poolers, strategies), read from their source torch-free
+    registry.py the names of registered components (poolers, strategies, splitters), from lmk.model.landmark.names
 """
 
 from lmk.config.data import DataConfig, SourceConfig

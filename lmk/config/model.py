@@ -16,10 +16,8 @@ from typing import Any, ClassVar
 from lmk.config import registry
 from lmk.config.schema import Coercible, ConfigError, at_least, plain
 
-# Sentence splitters of the `sentence` strategy, read from their implementation (lmk.model.landmark.sentences)
-DEFAULT_LANGUAGE = registry.literal(registry.SENTENCES_FILE, "DEFAULT_LANGUAGE")
-SPLITTERS = tuple(registry.literal(registry.SENTENCES_FILE, "SPLITTERS"))
-DEFAULT_SPLITTER = registry.literal(registry.SENTENCES_FILE, "DEFAULT_SPLITTER")
+# Sentence splitters of the `sentence` strategy, as their implementation declares them (lmk.model.landmark.names)
+DEFAULT_LANGUAGE, SPLITTERS, DEFAULT_SPLITTER = registry.DEFAULT_LANGUAGE, registry.SPLITTERS, registry.DEFAULT_SPLITTER
 ENCODER_SOURCES = ("hub", "package", "random")
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2")
 DTYPES = ("float32", "bfloat16", "float16")
