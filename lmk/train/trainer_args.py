@@ -25,7 +25,8 @@ ACCELERATOR_ALIASES = ("auto", "gpu")  # Lightning's own names beside its accele
 def trainer_arguments(section: dict[str, Any]) -> dict[str, Any]:
     """Every keyword argument of Lightning's Trainer for a `trainer:` section (without `_target_`), Lightning's
     defaults for the keys it does not give; raises ConfigError naming a bad key or value."""
-    from lightning.pytorch import Trainer  # here: a typo in another section fails before Lightning loads
+    # here, not at the top: a typo in another section fails before Lightning loads
+    from lightning.pytorch import Trainer
     from lightning.pytorch.accelerators import AcceleratorRegistry
 
     arguments = call_arguments(inspect.signature(Trainer, eval_str=True), section, "trainer", SET_BY_LMK)
