@@ -27,7 +27,7 @@ def trainer_arguments(section: dict[str, Any]) -> dict[str, Any]:
     defaults for the keys it does not give; raises ConfigError naming a bad key or value."""
     # here, not at the top: a typo in another section fails before Lightning loads
     from lightning.pytorch import Trainer
-    from lightning.pytorch.accelerators import AcceleratorRegistry
+    from lightning.pytorch.accelerators import AcceleratorRegistry  # (the same reason)
 
     arguments = call_arguments(inspect.signature(Trainer, eval_str=True), section, "trainer", SET_BY_LMK)
     if isinstance(arguments["accelerator"], str):  # its annotation allows any string; the registry knows the names
