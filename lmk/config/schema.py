@@ -217,7 +217,7 @@ def call_arguments(signature: inspect.Signature, node: Any, path: str,
     for key in node:
         if key in set_elsewhere:
             raise ConfigError(f"{path}.{key} is set by lmk ({set_elsewhere[key]}); remove {path}.{key}")
-    unknown_keys(path, set(node), set(params))
+    unknown_keys(path, set(node), set(params) - set(set_elsewhere))
     for key, value in node.items():
         if not _fits(value, params[key].annotation):
             raise ConfigError(f"{path}.{key}={value!r} is not valid; allowed values: {_allowed(params[key].annotation)}")
