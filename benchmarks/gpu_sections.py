@@ -171,15 +171,15 @@ def check_train_step(smoke: bool, work: Path) -> dict[str, Any]:
     import lightning.pytorch as pl  # the node's (imported with the section, like every heavy package here)
 
     # lmk loads hydra and omegaconf: imported once the section's needs were checked
-    from lmk.config import validate
     from lmk.model.embedding import EmbeddingModel
     from lmk.model.shape import encoder_shape
     from lmk.train.memory import job_memory
     from lmk.train.module import build_module
+    from lmk.train.trainer_args import validate_training
 
     device = "cpu" if smoke else "cuda"
     cfg = paper_config(smoke, work / "train_step")
-    typed = validate(cfg)
+    typed = validate_training(cfg)
     pl.seed_everything(0)
     t0 = time.perf_counter()
     model = EmbeddingModel.build(cfg.encoder, cfg.pooling, query_max_length=cfg.data.query_max_length,

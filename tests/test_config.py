@@ -1,4 +1,4 @@
-"""Config composition + validate(): every experiment composes; typos and bad values fail fast and clearly."""
+"""Config composition + validation (lmk.config.validate, the trainer by Lightning's signature): every experiment composes; typos and bad values fail fast and clearly."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException, MissingConfigException
 
-from lmk.config import ConfigError, RootConfig, TrainSection, validate
+from lmk.config import ConfigError, RootConfig, TrainSection
 from lmk.config.schema import Coercible, above, at_least
+from lmk.train.trainer_args import validate_training
 
 CONF = str(Path(__file__).resolve().parents[1] / "conf")
 
@@ -22,7 +23,7 @@ def _compose(*overrides: str):
 
 
 def test_default_config_validates():
-    typed = validate(_compose())
+    typed = validate_training(_compose())
     assert isinstance(typed, RootConfig) and isinstance(typed.train, TrainSection)
     assert typed.encoder.name == "minilm-l6" and typed.pooling.name == "lmk-fixed"
     assert typed.trainer.accelerator == "cpu" and typed.logger.name == "csv" and typed.seed == 0
@@ -30,7 +31,7 @@ def test_default_config_validates():
 
 @pytest.mark.parametrize("experiment", sorted(p.stem for p in (Path(CONF) / "experiment").glob("*.yaml")))
 def test_every_experiment_composes_and_validates(experiment):
-    validate(_compose(f"experiment={experiment}", "++row=test-row"))
+    validate_training(_compose(f"experiment={experiment}", "++row=test-row"))
 
 
 # A launcher that starts the ranks itself needs a trainer of as many devices: the option with the trainer it runs.
@@ -40,27 +41,27 @@ PAIRED = {("launcher", "submitit_slurm"): ["trainer=ddp-multinode"]}
 @pytest.mark.parametrize("group", ["trainer", "logger", "launcher", "pooling", "encoder"])
 def test_every_group_option_validates(group):
     for option in sorted(p.stem for p in (Path(CONF) / group).glob("*.yaml")):
-        validate(_compose(f"{group}={option}", *PAIRED.get((group, option), [])))
+        validate_training(_compose(f"{group}={option}", *PAIRED.get((group, option), [])))
 
 
 def test_the_ranks_a_launcher_starts_must_be_the_trainers_devices():
     """One key for processes per node: launcher.tasks_per_node (hydra.launcher and the trainer read it)."""
     with pytest.raises(ConfigError, match=r"trainer.devices=1 x trainer.num_nodes=1 do not match.*tasks_per_node=8"):
-        validate(_compose("launcher=submitit_slurm"))  # 8 tasks per node, each a one-device trainer
-    typed = validate(_compose("launcher=submitit_slurm", "trainer=ddp-multinode", "launcher.tasks_per_node=4",
+        validate_training(_compose("launcher=submitit_slurm"))  # 8 tasks per node, each a one-device trainer
+    typed = validate_training(_compose("launcher=submitit_slurm", "trainer=ddp-multinode", "launcher.tasks_per_node=4",
                               "launcher.nodes=5"))
     assert (typed.trainer.devices, typed.trainer.num_nodes) == (4, 5)
 
 
 def test_chunk_size_is_one_key():
-    assert validate(_compose("pooling=lmk-fixed", "pooling.chunk_size=64")).pooling.chunk_size == 64
+    assert validate_training(_compose("pooling=lmk-fixed", "pooling.chunk_size=64")).pooling.chunk_size == 64
 
 
 def test_typo_key_names_the_key_and_allowed_keys():
     with pytest.raises(ConfigError, match=r"trainer\.max_stepz.*did you mean 'max_steps'.*allowed keys"):
-        validate(_compose("+trainer.max_stepz=3"))
+        validate_training(_compose("+trainer.max_stepz=3"))
     with pytest.raises(ConfigError, match=r"train\.taus.*allowed keys:.*tau"):
-        validate(_compose("+train.taus=0.1"))
+        validate_training(_compose("+train.taus=0.1"))
 
 
 @pytest.mark.parametrize("override, pattern", [
@@ -75,10 +76,46 @@ def test_typo_key_names_the_key_and_allowed_keys():
     ("train.warmup_shape=cosine", r"train\.warmup_shape='cosine'.*allowed values: log, linear"),
     ("train.grad_scale=0", r"train\.grad_scale=0.*> 0"),
     ("encoder.rope=maybe", r"encoder.*rope='maybe'.*true, false"),
+    ("trainer.deterministic=always", r"trainer\.deterministic='always'.*allowed values: true, false or warn or null"),
+    ("trainer.max_steps=many", r"trainer\.max_steps='many'.*allowed values: an integer"),
+    ("+trainer.num_nodes=0", r"trainer\.num_nodes=0.*>= 1"),
+    ("+trainer.callbacks=[]", r"trainer\.callbacks is set by lmk.*; remove trainer\.callbacks"),
+    ("+trainer.logger=false", r"trainer\.logger is set by lmk.*logger=wandb\|csv\|none"),
 ])
 def test_bad_value_names_key_value_and_allowed(override, pattern):
     with pytest.raises(ConfigError, match=pattern):
-        validate(_compose(override))
+        validate_training(_compose(override))
+
+
+def test_the_trainer_section_is_lightnings_signature():
+    """Every Trainer argument is a key (lmk declares none of them), with Lightning's defaults for those not given."""
+    import inspect
+
+    from lightning.pytorch import Trainer
+
+    from lmk.train.trainer_args import SET_BY_LMK
+
+    signature = inspect.signature(Trainer).parameters
+    typed = validate_training(_compose("+trainer.detect_anomaly=true", "+trainer.max_time={hours: 1}"))
+    assert set(vars(typed.trainer)) == set(signature) - set(SET_BY_LMK)
+    assert typed.trainer.detect_anomaly is True and typed.trainer.max_time == {"hours": 1}
+    assert typed.trainer.inference_mode == signature["inference_mode"].default  # cpu.yaml does not set it
+    assert typed.trainer.max_steps == 20  # conf/trainer/cpu.yaml
+
+
+def test_a_trainer_typo_fails_before_lightning_loads_when_another_section_is_wrong():
+    """The trainer check runs last: a bad value elsewhere fails in about a second, without importing Lightning."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom hydra import compose, initialize_config_dir\n"
+            "from lmk.train.trainer_args import validate_training\n"
+            f"with initialize_config_dir(config_dir={CONF!r}, version_base='1.3'):\n"
+            "    cfg = compose('train', overrides=['run_dir=/tmp/x', 'train.tau=0', '+trainer.max_stepz=3'])\n"
+            "try:\n    validate_training(cfg)\nexcept Exception as err:\n    print(err)\n"
+            "assert 'lightning' not in sys.modules and 'torch' not in sys.modules")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "train.tau=0" in proc.stdout, proc.stdout + proc.stderr[-2000:]
 
 
 def test_wrong_group_option_is_a_hydra_error_listing_options():
@@ -89,7 +126,7 @@ def test_wrong_group_option_is_a_hydra_error_listing_options():
 
 
 def test_seed_zero_is_kept():
-    assert validate(_compose("seed=0")).seed == 0
+    assert validate_training(_compose("seed=0")).seed == 0
 
 
 def test_launcher_feeds_submitit():
@@ -117,11 +154,11 @@ def test_effective_batch_counts_every_device_node_and_accumulation() -> None:
 def test_eval_monitor_without_eval_is_rejected_before_compute():
     # eval=none never logs eval/...: the run would write no best.ckpt and still report done.
     with pytest.raises(ConfigError, match=r"train.monitor='eval/group/local-short'.*eval=<suite>.*train/loss"):
-        validate(_compose("eval=none", "train.monitor=eval/group/local-short"))
+        validate_training(_compose("eval=none", "train.monitor=eval/group/local-short"))
     with pytest.raises(ConfigError, match=r"not logged by eval=local.*eval/group/local-short"):
-        validate(_compose("eval=local", "train.monitor=eval/group/no-such-group"))
-    assert validate(_compose("eval=local", "train.monitor=eval/group/local-short")).train.monitor.endswith("short")
-    assert validate(_compose("eval=local", "train.monitor=eval/LocalShort/test")).eval is not None
+        validate_training(_compose("eval=local", "train.monitor=eval/group/no-such-group"))
+    assert validate_training(_compose("eval=local", "train.monitor=eval/group/local-short")).train.monitor.endswith("short")
+    assert validate_training(_compose("eval=local", "train.monitor=eval/LocalShort/test")).eval is not None
 
 
 def test_one_seed_derives_every_part_unless_a_part_sets_its_own():
@@ -133,7 +170,7 @@ def test_one_seed_derives_every_part_unless_a_part_sets_its_own():
     assert derived.encoder.seed == 7 and derived.data.seed == 7 and cfg.data.seed is None  # a copy
     pinned = derive_seeds(_compose("experiment=tiny", "seed=7", "data.seed=3"))
     assert pinned.data.seed == 3 and pinned.encoder.seed == 7
-    validate(cfg)  # null per-part seeds are valid
+    validate_training(cfg)  # null per-part seeds are valid
 
 
 def test_half_precision_weights_are_refused_for_training():
@@ -142,8 +179,8 @@ def test_half_precision_weights_are_refused_for_training():
                           ("trainer.precision=16-true", "trainer.precision=16-true"),
                           ("encoder.dtype=bfloat16", "encoder.dtype=bfloat16")):
         with pytest.raises(ConfigError, match=rf"{key}.*master copy.*; use trainer.precision=bf16-mixed"):
-            validate(_compose(override))
-    assert validate(_compose("trainer.precision=bf16-mixed")).trainer.precision == "bf16-mixed"
+            validate_training(_compose(override))
+    assert validate_training(_compose("trainer.precision=bf16-mixed")).trainer.precision == "bf16-mixed"
 
 
 def test_in_training_eval_under_ddp_is_refused_naming_the_eval_stage():
@@ -152,11 +189,11 @@ def test_in_training_eval_under_ddp_is_refused_naming_the_eval_stage():
              ("trainer=ddp-cpu", "eval=local", "launcher=submitit_local", "launcher.tasks_per_node=2")]
     for overrides in multi:
         with pytest.raises(ConfigError, match=r"wait at a barrier.*eval.in_training=none.*--stage eval"):
-            validate(_compose(*overrides))
+            validate_training(_compose(*overrides))
     # the paper's way (the eval stage evaluates), and one device evaluating in training, both validate
-    assert validate(_compose("trainer=ddp-multinode", "launcher=submitit_slurm", "eval=beir15",
+    assert validate_training(_compose("trainer=ddp-multinode", "launcher=submitit_slurm", "eval=beir15",
                              "eval.in_training=none")).eval is not None
-    assert validate(_compose("eval=local")).eval is not None
+    assert validate_training(_compose("eval=local")).eval is not None
 
 
 def test_wandb_init_timeout_is_wandbs_own_and_offline_never_waits(monkeypatch):
@@ -166,8 +203,8 @@ def test_wandb_init_timeout_is_wandbs_own_and_offline_never_waits(monkeypatch):
     from lmk.run.loggers import resolve_wandb_mode
 
     default = wandb.Settings().init_timeout
-    assert validate(_compose("logger=wandb")).logger.init_timeout == default >= 60
-    assert validate(_compose("logger=csv")).logger.init_timeout == default  # the schema's default too
+    assert validate_training(_compose("logger=wandb")).logger.init_timeout == default >= 60
+    assert validate_training(_compose("logger=csv")).logger.init_timeout == default  # the schema's default too
     # without credentials (or network) a run is offline from the start: the timeout never applies
     for key in ("WANDB_API_KEY", "WANDB_MODE"):
         monkeypatch.delenv(key, raising=False)
@@ -219,10 +256,10 @@ def test_a_setting_is_one_annotated_line_and_its_errors_are_one_line(given, patt
 
 def test_a_bool_is_not_a_count_and_null_only_where_allowed():
     with pytest.raises(ConfigError, match=r"^data\.batch_size=True is not valid; allowed values: an integer$"):
-        validate(_compose("data.batch_size=true"))
+        validate_training(_compose("data.batch_size=true"))
     with pytest.raises(ConfigError, match=r"^data\.max_rows=0 is not valid; allowed values: an integer >= 1 or null$"):
-        validate(_compose("data.max_rows=0"))
+        validate_training(_compose("data.max_rows=0"))
     with pytest.raises(ConfigError, match=r"^train\.lr=None is not valid; allowed values: a number$"):
-        validate(_compose("train.lr=null"))
+        validate_training(_compose("train.lr=null"))
     with pytest.raises(ConfigError, match=r"^encoder\.rope='no' is not valid; allowed values: true, false$"):
-        validate(_compose("encoder.rope='no'"))  # no word read as a bool
+        validate_training(_compose("encoder.rope='no'"))  # no word read as a bool

@@ -177,11 +177,12 @@ def test_auto_checkpointing_is_on_only_where_the_estimate_without_it_does_not_fi
 
 
 def test_checkpointing_setting_is_validated_torch_free():
-    from lmk.config import ConfigError, validate
+    from lmk.config import ConfigError
+    from lmk.train.trainer_args import validate_training
 
-    validate(_compose("experiment=table2-paper", "pooling=cls"))
+    validate_training(_compose("experiment=table2-paper", "pooling=cls"))
     with pytest.raises(ConfigError, match="gradient_checkpointing='sometimes'.*true, false, auto"):
-        validate(_compose("experiment=table2-paper", "pooling=cls", "encoder.gradient_checkpointing=sometimes"))
+        validate_training(_compose("experiment=table2-paper", "pooling=cls", "encoder.gradient_checkpointing=sometimes"))
 
 
 def test_published_configs_size_hub_encoders_not_on_disk():

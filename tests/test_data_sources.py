@@ -251,13 +251,14 @@ def test_skipped_rows_are_recorded_and_survive_a_cached_rerun(tmp_path, caplog):
 def test_streaming_with_max_epochs_is_rejected_at_config_time():
     from hydra import compose, initialize_config_dir
 
-    from lmk.config import ConfigError, validate
+    from lmk.config import ConfigError
+    from lmk.train.trainer_args import validate_training
 
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         cfg = compose(config_name="train", overrides=["run_dir=/tmp/lmk-test-run", "data.streaming=true",
                                                       "trainer.max_steps=-1", "+trainer.max_epochs=1"])
         with pytest.raises(ConfigError, match="stream has no length.*trainer.max_steps"):
-            validate(cfg)
+            validate_training(cfg)
         ok = compose(config_name="train", overrides=["run_dir=/tmp/lmk-test-run", "data.streaming=true",
                                                      "trainer.max_steps=5"])
-        assert validate(ok).data.streaming
+        assert validate_training(ok).data.streaming

@@ -1,5 +1,6 @@
-"""An export as an mteb model by name: `mteb.get_model(<export>)` scores a local task exactly as `lmk.evaluate`
-does, and results are written through mteb's own ResultCache in the results repository's layout."""
+"""An export as an mteb model: its `ModelMeta` (mteb's loader pattern) loads an encoder that scores a local task
+exactly as `lmk.evaluate` does, and results are written through mteb's own ResultCache in the results repository's
+layout."""
 
 from __future__ import annotations
 
@@ -13,12 +14,12 @@ from hydra import compose, initialize_config_dir
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import mteb  # noqa: E402
-from mteb.models.model_implementations import MODEL_REGISTRY  # noqa: E402
+from mteb.models.model_implementations import MODEL_REGISTRY  # noqa: E402 - mteb's own models only
 
 import lmk.eval.command as evaluate  # noqa: E402
 from lmk.config.eval import EvalConfig  # noqa: E402
 from lmk.eval.encoder import LmkEncoder  # noqa: E402
-from lmk.eval.mteb_model import load_model, model_meta, n_parameters, register, save_results  # noqa: E402
+from lmk.eval.mteb_model import load_model, model_meta, n_parameters, save_results  # noqa: E402
 from lmk.eval.suites import build_tasks  # noqa: E402
 from lmk.model.embedding import EmbeddingModel  # noqa: E402
 from lmk.model.export import export_sentence_transformers  # noqa: E402
@@ -50,16 +51,16 @@ def test_the_meta_describes_the_folder(export) -> None:
     assert "2601.21525" in meta.citation
 
 
-def test_get_model_by_name_scores_as_lmk_evaluate(export, tmp_path) -> None:
+def test_the_meta_loads_the_encoder_lmk_evaluate_scores_with(export, tmp_path) -> None:
     _, path = export
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose(config_name="evaluate", overrides=[f"model={path}", *EVAL])
     section = evaluate.run(cfg, run_dir=tmp_path / "run")
     assert json.loads((tmp_path / "run" / "results.json").read_text())["model"]["kind"] == "export"
 
-    meta = register(path)
-    assert mteb.get_model_meta(str(path)) is meta and MODEL_REGISTRY[meta.name] is meta
-    encoder = mteb.get_model(str(path), query_max_length=24, passage_max_length=96, workers=0)
+    meta = model_meta(path)
+    encoder = meta.load_model(query_max_length=24, passage_max_length=96, workers=0)
+    assert meta.name not in MODEL_REGISTRY and str(path) not in MODEL_REGISTRY  # mteb's registry is left as it is
     assert isinstance(encoder, LmkEncoder) and encoder.mteb_model_meta.name == meta.name
     assert encoder.mteb_model_meta.experiment_kwargs == {"query_max_length": 24, "passage_max_length": 96,
                                                          "workers": 0}

@@ -12,14 +12,23 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-RECIPE = re.compile(r"<!-- recipe: (?P<path>\S+) -->\s*```\w*\n(?P<body>.*?)```", re.S)
+# a new file, or (`into NAME`) lines added to the table NAME of an existing file
+RECIPE = re.compile(r"<!-- recipe: (?P<path>\S+)(?: into (?P<into>\w+))? -->\s*```\w*\n(?P<body>.*?)```", re.S)
 # the tests whose parametrisation iterates the registry or conf/pooling
 PICKED_UP = ("tests/test_pooling.py", "tests/test_registry.py", "tests/test_model.py", "tests/test_export.py",
              "tests/test_analysis.py")
 
 
-def _recipe() -> dict[str, str]:
-    return {m["path"]: m["body"] for m in RECIPE.finditer((ROOT / "docs" / "extending.md").read_text())}
+def _recipe() -> dict[str, tuple[str | None, str]]:
+    return {m["path"]: (m["into"], m["body"]) for m in RECIPE.finditer((ROOT / "docs" / "extending.md").read_text())}
+
+
+def _add_to_table(path: Path, table: str, lines: str) -> None:
+    """`lines` added at the top of the module-level table `table = {` / `table: T = {` of `path`."""
+    text = path.read_text()
+    opening = re.search(rf"^{table}(: [^=]+)? = {{\n", text, re.M)
+    assert opening, f"{path} has no table {table}"
+    path.write_text(text[:opening.end()] + lines + text[opening.end():])
 
 
 def _run(args: list[str], cwd: Path, **kw: object) -> subprocess.CompletedProcess:
@@ -34,13 +43,16 @@ def test_the_pooling_recipe_is_picked_up_everywhere(tmp_path: Path) -> None:
         shutil.copytree(ROOT / part, copy / part, ignore=ignore)
     shutil.copy(ROOT / "pyproject.toml", copy / "pyproject.toml")
     recipe = _recipe()
-    assert sorted(recipe) == ["conf/pooling/lmk-max.yaml", "lmk/model/landmark/max_landmark.py"], \
-        "the recipe is one class and one YAML"
-    for rel, body in recipe.items():
+    assert sorted(recipe) == ["conf/pooling/lmk-max.yaml", "lmk/model/landmark/max_landmark.py",
+                              "lmk/model/landmark/names.py"], "the recipe is one class, its declaration and one YAML"
+    for rel, (table, body) in recipe.items():
+        if table:
+            _add_to_table(copy / rel, table, body)
+            continue
         assert not (copy / rel).exists()
         (copy / rel).write_text(body)
 
-    # the registries: the runtime one (the class) and the torch-free one config validation reads
+    # the registries: the runtime one (the class) and the torch-free declaration config validation reads
     code = ("from lmk.model.landmark import POOLERS; from lmk.config import registry\n"
             f"import lmk.model.landmark as p; assert p.__file__.startswith({str(copy)!r}), p.__file__\n"
             "assert 'lmk_max' in POOLERS and registry.poolers()['lmk_max']['needs_pool_mask']")

@@ -56,7 +56,6 @@ def minilm() -> EmbeddingModel:
 def test_encoder_yaml_validates(name):
     cfg = EncoderConfig.coerce(enc_cfg(name))
     assert cfg.name == name
-    assert cfg._target_ == "lmk.config.model.EncoderConfig"
 
 
 @pytest.mark.parametrize("name", POOLINGS)
@@ -351,16 +350,21 @@ def test_hub_source_with_local_path(minilm_path):
         load_backbone({"name": "x", "source": "hub", "model_id": "/no/such/folder"})
 
 
-def test_hydra_instantiate_gives_validated_dataclass():
-    from hydra.utils import instantiate
+def test_a_group_targets_the_class_it_builds_or_none():
+    """`_target_` names what Hydra builds from the group: data a PairDataModule, trainer Lightning's Trainer; encoder
+    and pooling build one EmbeddingModel together and eval a suite, so they name nothing (never their schema)."""
+    import yaml
 
-    enc = instantiate(enc_cfg("tiny-modernbert"))
-    assert isinstance(enc, EncoderConfig) and enc.config_overrides["hidden_size"] == 256
-    assert isinstance(enc.config_overrides, dict)
-    pool = instantiate(pool_cfg("lmk-variable"))
-    assert isinstance(pool, PoolingConfig) and pool.train_chunk_sizes == [32, 64, 128, 256]
-    with pytest.raises(Exception, match="allowed values"):
-        instantiate(pool_cfg("lmk-variable", strategy="chunky"))
+    targets = {group: {yaml.safe_load((CONF / group / f"{o}.yaml").read_text()).get("_target_")
+                       for o in group_options(group)} for group in ("encoder", "pooling", "eval", "data", "trainer")}
+    assert targets == {"encoder": {None}, "pooling": {None}, "eval": {None},
+                       "data": {"lmk.data.datamodule.PairDataModule"}, "trainer": {"lightning.pytorch.Trainer"}}
+
+
+def test_a_config_written_with_the_old_schema_target_still_validates():
+    old = {**enc_cfg("tiny-modernbert"), "_target_": "lmk.config.model.EncoderConfig"}
+    assert EncoderConfig.coerce(old).config_overrides["hidden_size"] == 256
+    assert PoolingConfig.coerce({**pool_cfg("lmk-variable"), "_target_": "lmk.config.model.PoolingConfig"}).label
 
 
 def test_trainable_pooler_save_load(tmp_path):

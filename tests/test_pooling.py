@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lmk.model.landmark.poolers import POOLERS, LMKPooling, Pooler, build_pooler
+from lmk.model.landmark import POOLERS, LMKPooling, Pooler, build_pooler
 from lmk.model.landmark.tokenization import LandmarkTokenizer
 
 H = 8

@@ -11,8 +11,9 @@ import pytest
 import yaml
 from hydra import compose, initialize_config_dir
 
-from lmk.config import ConfigError, validate
+from lmk.config import ConfigError
 from lmk.train.command import validate_job
+from lmk.train.trainer_args import validate_training
 
 ROOT = Path(__file__).resolve().parent.parent
 CONF = ROOT / "conf"
@@ -26,7 +27,7 @@ def _compose(name: str, overrides: list[str]):
 def test_missing_data_file_fails_validation(tmp_path: Path) -> None:
     missing = tmp_path / "nope" / "pairs.jsonl"
     cfg = _compose("train", ["experiment=tiny", "run_dir=/tmp/x", f"data.sources=[{{path:{missing}}}]"])
-    validate(cfg)  # the config alone is fine: the data path is checked against this machine after it
+    validate_training(cfg)  # the config alone is fine: the data path is checked against this machine after it
     with pytest.raises(ConfigError) as err:
         validate_job(cfg)
     assert str(missing) in str(err.value) and "do not exist" in str(err.value)

@@ -95,9 +95,9 @@ def test_a_fresh_download_loads_without_lmk_and_embeds_as_lmk(hub, swept, tmp_pa
     np.testing.assert_allclose(np.load(tmp_path / "0.npy"), want, atol=1e-6)
 
 
-def test_mteb_finds_the_pushed_model_by_its_hub_id(hub, swept, tmp_path) -> None:
-    code = ("import mteb; from lmk.eval.mteb_model import register\n"
-            f"meta = register({REPO!r}); model = mteb.get_model({REPO!r})\n"
+def test_mteb_loads_the_pushed_model_from_its_hub_id(hub, swept, tmp_path) -> None:
+    code = ("from lmk.eval.mteb_model import model_meta\n"
+            f"meta = model_meta({REPO!r}); model = meta.load_model()\n"
             "print(meta.name, meta.revision, meta.license, model.mteb_model_meta.name, model.query_max_length)")
     proc = _run([sys.executable, "-c", code], _env(hub, tmp_path / "cache"))
     assert proc.returncode == 0, proc.stderr[-3000:]

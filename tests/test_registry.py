@@ -1,31 +1,33 @@
-"""One registry per concept, derived from the classes: the torch-free view lmk.config reads (ast, no import)
-equals the runtime registry, duplicates are refused, and declared needs match what the classes do."""
+"""One registry per concept: the plain-Python declarations lmk.config reads torch-free (lmk.model.landmark.names)
+are the ones the classes take, duplicates are refused, a pooler registered outside lmk's tree validates, and the
+declared needs match what the classes do."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
-import textwrap
-from pathlib import Path
+from collections.abc import Iterator
 
 import pytest
 import torch
 from components import CONF, POOLER_NAMES, POOLING_CONFIGS, STRATEGY_NAMES
 from omegaconf import OmegaConf
+from torch import Tensor
 
 from lmk.config import ConfigError, PoolingConfig, registry
 from lmk.eval.tasks import LOCAL_TASK_CLASSES, local_task
+from lmk.model.landmark import POOLERS, Pooler, build_pooler, masked_mean, register_pooler
+from lmk.model.landmark import names as declared_names
 from lmk.model.landmark.layouts import STRATEGY_TRAITS
-from lmk.model.landmark.poolers import POOLERS, Pooler, build_pooler, register_pooler
 
-TRAITS = ("name", "needs_pool_mask", "needs_hidden_size", "trainable", "attention_rows")
+TRAITS = ("needs_pool_mask", "needs_hidden_size", "trainable", "attention_rows")
 
 
 def test_the_torch_free_view_equals_the_runtime_registries() -> None:
     declared = registry.poolers()
     assert sorted(declared) == sorted(POOLERS) and POOLERS, "a pooler class is missing from one view"
     for name, cls in POOLERS.items():
-        assert {t: declared[name][t] for t in TRAITS} == {t: getattr(cls, t) for t in TRAITS}, name
+        assert cls.name == name and declared[name] == {t: getattr(cls, t) for t in TRAITS}, name
     assert registry.strategies() == {k: dict(v) for k, v in STRATEGY_TRAITS.items()}
 
 
@@ -37,23 +39,52 @@ def test_config_validation_imports_no_torch() -> None:
     assert proc.returncode == 0, proc.stderr[-2000:]
 
 
-def test_a_duplicate_pooler_name_is_refused(tmp_path: Path) -> None:
+@pytest.fixture
+def registries() -> Iterator[None]:
+    """The registries as they were after the test (a test's pooler must not leak into other tests)."""
+    runtime, declared = dict(POOLERS), {k: dict(v) for k, v in declared_names.POOLERS.items()}
+    yield
+    POOLERS.clear()
+    POOLERS.update(runtime)
+    declared_names.POOLERS.clear()
+    declared_names.POOLERS.update(declared)
+
+
+def test_a_pooler_registered_outside_lmk_is_accepted_by_config_validation(registries: None) -> None:
+    with pytest.raises(ConfigError, match="pooler='test_max' is not valid"):
+        PoolingConfig.coerce({"name": "x", "strategy": "fixed", "pooler": "test_max"})
+
+    @register_pooler
+    class TestMaxPooling(Pooler):  # defined in this test module, not in lmk/model/landmark
+        name = "test_max"
+        needs_pool_mask = True
+
+        def pool(self, token_embeddings: Tensor, attention_mask: Tensor, pool_mask: Tensor | None) -> Tensor:
+            return masked_mean(token_embeddings, attention_mask if pool_mask is None else pool_mask & attention_mask)
+
+    assert PoolingConfig.coerce({"name": "x", "strategy": "fixed", "pooler": "test_max"}).pooler == "test_max"
+    assert registry.poolers()["test_max"]["needs_pool_mask"]  # its declared needs are checked like lmk's own
+    with pytest.raises(ConfigError, match="needs a strategy that marks pooled positions"):
+        PoolingConfig.coerce({"name": "x", "strategy": "none", "pooler": "test_max"})
+    assert type(build_pooler("test_max")) is TestMaxPooling
+
+
+def test_a_duplicate_pooler_name_is_refused(registries: None) -> None:
     with pytest.raises(ValueError, match="registered twice"):
         @register_pooler
         class AnotherMean(Pooler):  # noqa: F841 - the decorator refuses it
             name = "mean"
-    (tmp_path / "a.py").write_text(textwrap.dedent('''
+    with pytest.raises(ValueError, match="declared twice with different needs"):
+        declared_names.declare_pooler("mean", trainable=True)
+
+
+def test_a_class_cannot_contradict_its_declaration(registries: None) -> None:
+    del POOLERS["lmk"]  # as if the class were defined again (the name is declared in names.POOLERS)
+    with pytest.raises(ValueError, match="change the declaration, not the class"):
         @register_pooler
-        class One(Pooler):
-            name = "same"
-    '''))
-    (tmp_path / "b.py").write_text(textwrap.dedent('''
-        @register_pooler
-        class Two(Pooler):
-            name = "same"
-    '''))
-    with pytest.raises(ConfigError, match="two classes register the name 'same'"):
-        registry.declared_classes(tmp_path, registry.POOLER_DECORATOR)
+        class LMKAgain(Pooler):  # noqa: F841 - the decorator refuses it
+            name = "lmk"
+            needs_pool_mask = False
 
 
 def test_a_duplicate_local_task_is_refused() -> None:

@@ -27,7 +27,7 @@ def _cells(line: str) -> list[str]:
 def test_rehearsal_composes_to_the_paper_config_with_only_sizes_changed():
     from hydra import compose, initialize_config_dir
 
-    from lmk.config import validate
+    from lmk.train.trainer_args import validate_training
 
     def load(experiment: str, launcher: str):
         with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
@@ -35,7 +35,7 @@ def test_rehearsal_composes_to_the_paper_config_with_only_sizes_changed():
                                                f"launcher={launcher}", "run_dir=/tmp/x"])
 
     paper, rehearsal = load("table2-paper", "submitit_slurm"), load("table2-rehearsal", "submitit_local")
-    validate(rehearsal)
+    validate_training(rehearsal)
     for key in ("tau", "lr", "gather_across_devices", "grad_cache", "use_teacher_scores", "in_batch_negatives"):
         assert rehearsal.train[key] == paper.train[key], key
     assert rehearsal.trainer.precision == paper.trainer.precision == "bf16-mixed"

@@ -112,12 +112,12 @@ def test_recorded_scores_reach_the_card_under_their_own_names(scored, tmp_path) 
 
 
 def test_one_folder_one_default(scored, tmp_path) -> None:
-    """load_exported, sentence-transformers and mteb's loader (after register) embed the published folder alike,
+    """load_exported, sentence-transformers and mteb's loader (ModelMeta.load_model) embed the published folder alike,
     each with its defaults; the length is longer than the training one, so a second default would show."""
     import mteb
     from sentence_transformers import SentenceTransformer
 
-    from lmk.eval.mteb_model import register
+    from lmk.eval.mteb_model import model_meta
 
     out = write_folder(scored, tmp_path / "published").folder
     settings = json.loads((out / "landmark_config.json").read_text())
@@ -125,8 +125,7 @@ def test_one_folder_one_default(scored, tmp_path) -> None:
     assert settings["lmk"]["scored_at"] == {"query_max_length": 512, "passage_max_length": 512}
     lmk_model = load_exported(out)
     st = SentenceTransformer(str(out), trust_remote_code=True, device="cpu")
-    register(out)
-    encoder = mteb.get_model(str(out), workers=0)
+    encoder = model_meta(out).load_model(workers=0)  # mteb's ModelMeta with lmk's loader, as the card shows
     task = LOCAL_TASK_CLASSES["LocalShort"].metadata
     by_mteb = encoder.encode([{"text": DOCS}], task_metadata=task, hf_split="test", hf_subset="default",
                              prompt_type=mteb.types.PromptType.document)

@@ -54,12 +54,12 @@ def test_paper_dry_run_builds_the_cluster_jobs(tmp_path: Path) -> None:
 def test_paper_rows_compose_to_the_paper_hyperparameters() -> None:
     from hydra import compose, initialize_config_dir
 
-    from lmk.config import validate
+    from lmk.train.trainer_args import validate_training
 
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
         cfg = compose("train", overrides=["experiment=table2-paper", "pooling=lmk-variable", "+row=x",
                                           "launcher=submitit_slurm", "run_dir=/tmp/x"])
-    typed = validate(cfg)
+    typed = validate_training(cfg)
     assert cfg.encoder.model_id == "answerdotai/ModernBERT-base"
     assert typed.train.lr == 2e-5 and typed.train.tau == 0.02 and typed.train.warmup_steps == 250
     assert cfg.trainer.max_steps == 5000 and cfg.trainer.precision == "bf16-mixed"

@@ -1,15 +1,18 @@
 """Config layer (torch-free): the schemas of every config group, their validation and the shared checks.
 
-Everything here runs before any compute and imports neither torch nor any other lmk layer: a typo in a
-key or a value fails in about a second, naming the key and what is allowed.
+Everything here runs before any compute and imports neither torch nor any other lmk layer (only the landmark
+package's plain-Python names): a typo in a key or a value fails in about a second, naming the key and what is
+allowed. The trainer section is Lightning's Trainer signature: its check is passed in (lmk.train.trainer_args).
 
-    schema.py   ConfigError, build_section / Coercible (typed dataclasses from mappings), get_key, plain
-    root.py     the root config (train / trainer / logger / launcher / hub sections), validate(cfg), seeds
+    schema.py   ConfigError, build_section / Coercible (typed dataclasses from mappings), call_arguments (a
+                section checked against a callable's signature), get_key, plain
+    root.py     the root config (train / trainer / logger / launcher / hub sections), validate(cfg, trainer check),
+                seeds
     model.py    EncoderConfig, PoolingConfig (groups encoder/, pooling/)
     data.py     DataConfig, SourceConfig (group data/)
     eval.py     EvalConfig (group eval/)
     device.py   eval device / precision specs
-    registry.py the names of registered components (poolers, strategies), read from their source torch-free
+    registry.py the names of registered components (poolers, strategies, splitters), from lmk.model.landmark.names
 """
 
 from lmk.config import registry

@@ -29,6 +29,7 @@ class EvalConfig(Coercible):
     _error = EvalConfigError  # not a field (no annotation): the error a bad key or value raises
     section: ClassVar[str] = "eval"
 
+    # accepted from configs written before (they named this dataclass); a suite builds no one class: none in conf/eval
     _target_: str | None = None
     name: str = "none"
     # mteb task names and/or local task names (LocalPasskey, LocalNeedle, LocalLongDoc, LocalShort).

@@ -1,9 +1,10 @@
 """Structured configs for the embedding model: the `encoder/` and `pooling/` config groups.
 
 Both dataclasses validate in `__post_init__`, so a bad value fails when the config is built (by
-`EncoderConfig(...)`, `OmegaConf.to_object`, or `hydra.utils.instantiate` through `_target_`), before any
-weights are loaded. Use `EncoderConfig.coerce(x)` / `PoolingConfig.coerce(x)` to accept a dataclass, a
-DictConfig or a plain dict alike.
+`EncoderConfig(...)`, `OmegaConf.to_object` or `coerce`), before any weights are loaded. Use
+`EncoderConfig.coerce(x)` / `PoolingConfig.coerce(x)` to accept a dataclass, a DictConfig or a plain dict alike.
+The two groups build one EmbeddingModel together (`EmbeddingModel.build(encoder, pooling)`), no class of their
+own, so their YAMLs carry no `_target_` (the data and trainer groups target the classes they build).
 """
 
 from __future__ import annotations
@@ -16,10 +17,8 @@ from typing import Any, ClassVar
 from lmk.config import registry
 from lmk.config.schema import Coercible, ConfigError, at_least, plain
 
-# Sentence splitters of the `sentence` strategy, read from their implementation (lmk.model.landmark.sentences)
-DEFAULT_LANGUAGE = registry.literal(registry.SENTENCES_FILE, "DEFAULT_LANGUAGE")
-SPLITTERS = tuple(registry.literal(registry.SENTENCES_FILE, "SPLITTERS"))
-DEFAULT_SPLITTER = registry.literal(registry.SENTENCES_FILE, "DEFAULT_SPLITTER")
+# Sentence splitters of the `sentence` strategy, as their implementation declares them (lmk.model.landmark.names)
+DEFAULT_LANGUAGE, SPLITTERS, DEFAULT_SPLITTER = registry.DEFAULT_LANGUAGE, registry.SPLITTERS, registry.DEFAULT_SPLITTER
 ENCODER_SOURCES = ("hub", "package", "random")
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -83,7 +82,7 @@ class EncoderConfig(Coercible):
     seed: int | None = 0  # random init; null in a config: the root `seed` (lmk.config.derive_seeds)
     # false: zero the rotary frequencies (the authors' `disable_rope` ablation; RoPE backbones only)
     rope: bool = True
-    _target_: str | None = None
+    _target_: str | None = None  # accepted from configs written before (they named this dataclass); unused
 
     def __post_init__(self) -> None:
         self.config_overrides = dict(plain(self.config_overrides) or {})
@@ -141,7 +140,7 @@ class PoolingConfig(Coercible):
     language: str = "en"
     sentence_splitter: str = "koehn"
     max_sentence_tokens: int | None = at_least(1, None)  # null: never cut a sentence
-    _target_: str | None = None
+    _target_: str | None = None  # accepted from configs written before (they named this dataclass); unused
 
     def __post_init__(self) -> None:
         self.pooler_kwargs = dict(plain(self.pooler_kwargs) or {})

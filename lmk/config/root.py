@@ -10,7 +10,9 @@ resolve, hub data on disk) are the entry points' preflight (`lmk.eval.preflight`
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any, ClassVar, Literal
 
 from omegaconf import OmegaConf, open_dict
@@ -25,14 +27,11 @@ from lmk.config.schema import (
     above,
     at_least,
     build_section,
-    choice,
+    check_bound,
     get_key,
     to_container,
 )
 
-PRECISIONS = ("32", "32-true", "64", "64-true", "16", "16-mixed", "bf16", "bf16-mixed", "16-true", "bf16-true",
-              "transformer-engine")
-ACCELERATORS = ("cpu", "gpu", "cuda", "mps", "tpu", "auto")
 # `ckpt_path` values: the resume rule (the newest checkpoint of the run folder that loads and carries this config's
 # hash, else a fresh start; `last` is the older spelling), a fresh start, or else a checkpoint file.
 CKPT_AUTO = ("auto", "last")
@@ -71,49 +70,31 @@ class TrainSection(Coercible):
     export: bool = True
 
 
-@dataclass
-class TrainerSection(Coercible):
-    """The `lightning.pytorch.Trainer` arguments the project uses (a typo is an error, not ignored)."""
+# The `trainer` section is the keyword arguments of Lightning's Trainer (Hydra instantiates it from `_target_`), checked
+# against Lightning's own signature. This layer does not import Lightning (torch-free), so `validate` takes that check
+# from its caller (lmk.train.trainer_args.trainer_arguments): it returns every argument, Lightning's defaults filled.
+TRAINER_TARGET = "lightning.pytorch.Trainer"
+TrainerArguments = Callable[[dict[str, Any]], dict[str, Any]]
 
-    section: ClassVar[str] = "trainer"
-    _target_: str = "lightning.pytorch.Trainer"
-    accelerator: str = "cpu"
-    devices: Any = 1
-    num_nodes: int = at_least(1, 1)
-    strategy: str = "auto"
-    precision: Any = "32-true"
-    max_steps: int = 5000
-    max_epochs: int | None = None
-    min_steps: int | None = None
-    gradient_clip_val: float | None = 1.0
-    gradient_clip_algorithm: Literal["norm", "value"] = "norm"
-    accumulate_grad_batches: int = at_least(1, 1)
-    deterministic: Any = True
-    benchmark: bool | None = None
-    log_every_n_steps: int = at_least(1, 10)
-    limit_train_batches: Any = None
-    enable_progress_bar: bool = True
-    enable_model_summary: bool = True
-    enable_checkpointing: bool = True
-    use_distributed_sampler: bool = True
-    sync_batchnorm: bool = False
-    fast_dev_run: Any = False
-    default_root_dir: str | None = None
-    reload_dataloaders_every_n_epochs: int = 0
-    profiler: str | None = None
 
-    def __post_init__(self) -> None:
-        self.check_fields()
-        if self._target_ != "lightning.pytorch.Trainer":
-            raise ConfigError(f"trainer._target_={self._target_!r} is not valid; allowed values: lightning.pytorch.Trainer")
-        choice("trainer.accelerator", self.accelerator, ACCELERATORS)
-        choice("trainer.precision", str(self.precision), PRECISIONS)
-        if self.deterministic not in (True, False, "warn", None):
-            raise ConfigError(f"trainer.deterministic={self.deterministic!r} is not valid; allowed values: true, false, warn")
-        if isinstance(self.max_steps, bool) or self.max_steps == 0 or self.max_steps < -1:
-            raise ConfigError(f"trainer.max_steps={self.max_steps!r} is not valid; allowed values: an int >= 1 (or -1 with max_epochs)")
-        if self.max_steps == -1 and not self.max_epochs:
-            raise ConfigError("trainer.max_steps=-1 needs trainer.max_epochs (the lr schedule needs a length)")
+def _trainer(section: Any, arguments: TrainerArguments) -> SimpleNamespace:
+    """The trainer's arguments (`trainer.max_steps`, ...), checked by Lightning's signature, then lmk's own rules."""
+    if section is None:
+        raise ConfigError("trainer is missing: select one with `trainer=<option>` (see conf/trainer/)")
+    if not isinstance(section, dict):
+        raise ConfigError(f"trainer={section!r} is not valid; allowed values: a mapping of Lightning Trainer arguments")
+    section = dict(section)
+    target = section.pop("_target_", TRAINER_TARGET)
+    if target != TRAINER_TARGET:  # lmk hands it its callbacks, logger and plugins
+        raise ConfigError(f"trainer._target_={target!r} is not valid; allowed values: {TRAINER_TARGET}")
+    t = SimpleNamespace(**arguments(section))
+    if t.max_steps == 0 or t.max_steps < -1:
+        raise ConfigError(f"trainer.max_steps={t.max_steps!r} is not valid; allowed values: an int >= 1 (or -1 with max_epochs)")
+    if t.max_steps == -1 and not t.max_epochs:
+        raise ConfigError("trainer.max_steps=-1 needs trainer.max_epochs (the lr schedule needs a length)")
+    for key in ("num_nodes", "accumulate_grad_batches"):  # lmk counts ranks and the effective batch with them
+        check_bound(f"trainer.{key}", getattr(t, key), int, ge=1)
+    return t
 
 
 @dataclass
@@ -179,7 +160,7 @@ class RootConfig(Coercible):
     data: Any = None
     eval: Any = None
     train: TrainSection = field(default_factory=TrainSection)
-    trainer: TrainerSection = field(default_factory=TrainerSection)
+    trainer: Any = None  # Lightning Trainer's arguments, every one (`_trainer`)
     logger: LoggerSection = field(default_factory=LoggerSection)
     launcher: LauncherSection = field(default_factory=LauncherSection)
     hub: HubSection = field(default_factory=HubSection)
@@ -219,9 +200,11 @@ def derive_seeds(cfg: Any) -> Any:
     return out
 
 
-def validate(cfg: Any) -> RootConfig:
+def validate(cfg: Any, trainer_arguments: TrainerArguments) -> RootConfig:
     """The typed, checked root config; raises ConfigError on the first bad key or value. It reads nothing from
-    this machine (the entry points' preflight does, after this)."""
+    this machine (the entry points' preflight does, after this). `trainer_arguments` checks the trainer section
+    against Lightning's signature (lmk.train.trainer_args; called after every other section, so a typo elsewhere
+    fails before Lightning loads)."""
     plain = to_container(cfg)
     plain.pop("hydra", None)
     for part in SEEDED_PARTS:  # as `derive_seeds`: the typed sections carry the seeds the run uses
@@ -232,12 +215,14 @@ def validate(cfg: Any) -> RootConfig:
         raise ConfigError(f"local={local!r}: the local config landed under a `local:` key; make "
                           "`# @package _global_` the first line of conf/local/<file>.yaml")
     groups = {k: plain.pop(k) for k in list(GROUP_SCHEMAS) if k in plain}
+    trainer = plain.pop("trainer", None)
     root = build_section(RootConfig, plain, "")
     for key, node in groups.items():
         setattr(root, key, build_group(key, node))
     for key in ("encoder", "pooling", "data"):
         if getattr(root, key) is None:
             raise ConfigError(f"{key} is missing: select one with `{key}=<option>` (see conf/{key}/)")
+    root.trainer = _trainer(trainer, trainer_arguments)
     _cross_checks(root)
     return root
 
@@ -278,7 +263,7 @@ def effective_batch(cfg: Any) -> dict[str, Any]:
             "accumulation": accumulation}
 
 
-def _check_ranks(launcher: LauncherSection, trainer: TrainerSection) -> None:
+def _check_ranks(launcher: LauncherSection, trainer: SimpleNamespace) -> None:
     """Under a submitit launcher the launcher starts the ranks: Lightning's devices x num_nodes must be its
     tasks per node x nodes (else every job fails at start in Lightning)."""
     if not launcher.name.startswith("submitit") or not isinstance(trainer.devices, int) or isinstance(

@@ -9,9 +9,12 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import inspect
+import os
 import re
 import types
 import typing
+from collections import abc
 from collections.abc import Mapping
 from typing import Any, ClassVar, Literal, Union
 
@@ -174,6 +177,54 @@ def _convert(cls: type, values: dict[str, Any], path: str) -> dict[str, Any]:
         if literal and value is not None:
             choice(f"{path}.{name}" if path else name, value, typing.get_args(literal[0]))
     return out
+
+
+# ---- a section that is a callable's keyword arguments (Lightning's Trainer) --------------------------
+def _fits(value: Any, hint: Any) -> bool:
+    """Whether a config value (bool, int, float, str, null, list, mapping) is of annotation `hint`; a mapping with
+    `_target_` is an object Hydra builds (its class checks it)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is inspect.Parameter.empty or hint is Any:
+        return True
+    if origin in (Union, types.UnionType):
+        return any(_fits(value, a) for a in args)
+    if origin is Literal:
+        return any(value == a and type(value) is type(a) for a in args)
+    if isinstance(value, Mapping):
+        return "_target_" in value or origin in (dict, abc.Mapping) or hint is dict
+    if isinstance(value, list):
+        return (origin in (list, tuple, abc.Sequence, abc.Iterable) or hint in (list, tuple)) and (
+            not args or all(_fits(v, args[0]) for v in value))
+    if hint in (int, float) or hint is bool:
+        integer = isinstance(value, int) and not isinstance(value, bool)
+        return isinstance(value, bool) if hint is bool else integer or (hint is float and isinstance(value, float))
+    if isinstance(hint, type) and issubclass(hint, os.PathLike):
+        return isinstance(value, str)
+    return isinstance(hint, type) and isinstance(value, hint)
+
+
+def call_arguments(signature: inspect.Signature, node: Any, path: str,
+                   set_elsewhere: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Every keyword argument of a call of `signature`, from a config section: each key a parameter (else the
+    closest one is named), each value of the parameter's annotation as far as a config can write it, the
+    signature's defaults for the rest. `set_elsewhere` {parameter: where it is set}: keys the section may not give.
+    The schema is the callable's own signature, so nothing here copies its parameters."""
+    set_elsewhere = set_elsewhere or {}
+    params = {n: p for n, p in signature.parameters.items()
+              if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD) and n != "self"}
+    if not isinstance(node, Mapping):
+        raise ConfigError(f"{path}={node!r} is not valid; allowed values: a mapping of {', '.join(params)}")
+    for key in node:
+        if key in set_elsewhere:
+            raise ConfigError(f"{path}.{key} is set by lmk ({set_elsewhere[key]}); remove {path}.{key}")
+    unknown_keys(path, set(node), set(params) - set(set_elsewhere))
+    for key, value in node.items():
+        if not _fits(value, params[key].annotation):
+            raise ConfigError(f"{path}.{key}={value!r} is not valid; allowed values: {_allowed(params[key].annotation)}")
+    missing = [n for n, p in params.items() if n not in node and n not in set_elsewhere and p.default is p.empty]
+    if missing:
+        raise ConfigError(f"{path}.{missing[0]} is missing; set it in the {path} config")
+    return {n: node.get(n, p.default) for n, p in params.items() if n not in set_elsewhere}
 
 
 def build_section(cls: type, node: Any, path: str) -> Any:

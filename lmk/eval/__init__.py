@@ -9,7 +9,7 @@
     callback.py   the Lightning callback (suite during / at the end of training)
     scoring.py    group means, LongEmbed averaging, paired t-tests
     replicas.py   offline replicas of the paper's eval datasets in their hub layout
-    mteb_model.py an export (folder or hub id) as an mteb model by name; results in the results-repository layout
+    mteb_model.py an export (folder or hub id) as an mteb ModelMeta with its loader; results in the results-repository layout
     publish.py    a run -> a shareable folder (export, card, mteb results) and the hub; card.py: the model card;
                   export_command.py: `python -m lmk.export`
     prepared.py   hub tasks' data prepared once (python -m lmk.eval.prepared), read-only in many jobs (hub.prepared)
@@ -22,7 +22,7 @@ __all__, __getattr__ = interface(__name__, {
     "lmk.eval.card": ("TableRow", "card_row"),
     "lmk.eval.command": ("cli", "validate_config"),
     "lmk.eval.encoder": ("LmkEncoder",),
-    "lmk.eval.mteb_model": ("load_model", "model_meta", "n_parameters", "register", "save_results"),
+    "lmk.eval.mteb_model": ("load_model", "model_meta", "n_parameters", "save_results"),
     "lmk.eval.replicas": ("REPLICAS", "Sizes", "replica_fingerprint", "task_dataset", "write_replicas"),
     "lmk.eval.runner": ("run_suite",),
     "lmk.eval.scoring": ("LONGEMBED6", "group_scores", "load_per_query", "longembed6_score", "paired_ttest",

@@ -176,14 +176,13 @@ embeddings = model.encode(["What is landmark pooling?", "Landmarks summarise the
 print(model.similarity(embeddings, embeddings))   # cosine: the embeddings are L2-normalised
 ```
 
-With mteb, by name, as `lmk.evaluate` scores it (needs `lmk`):
+With mteb, as `lmk.evaluate` scored it (queries at {q} tokens, documents at {p}; needs `lmk`):
 
 ```python
 import mteb
-from lmk.eval.mteb_model import register
+from lmk.eval.mteb_model import model_meta
 
-register("{source}")                      # enters it in mteb's model registry
-model = mteb.get_model("{source}")        # the loader lmk.evaluate uses
+model = model_meta("{source}").load_model()   # mteb's ModelMeta with the loader lmk.evaluate uses
 results = mteb.evaluate(model, mteb.get_tasks(tasks=["SciFact"]))
 ```"""
 

@@ -1,9 +1,9 @@
-"""An exported LMK model as an mteb model: a `ModelMeta` with a loader, found by name, and its results in the layout
-of the MTEB results repository.
+"""An exported LMK model as an mteb model: a `ModelMeta` with a loader (mteb's own pattern, as its model
+implementations declare theirs), and its results in the layout of the MTEB results repository.
 
-    meta = register("outputs/table2/mini/train/lmk-fixed-32/export")     # or a hub id "org/lmk-fixed-32"
-    model = mteb.get_model("outputs/table2/mini/train/lmk-fixed-32/export", query_max_length=512)
-    mteb.evaluate(model, tasks)                                          # the scores lmk.evaluate gives
+    meta = model_meta("outputs/table2/mini/train/lmk-fixed-32/export")   # or a hub id "org/lmk-fixed-32"
+    model = meta.load_model(query_max_length=512)                         # mteb's ModelMeta.load_model
+    mteb.evaluate(model, tasks)                                           # the scores lmk.evaluate gives
 
 `model_meta(source)` describes a folder (or the snapshot of a hub id) from its files: the published `model_meta.json`
 under `results/` when the folder was published (name, licence, training data, ...), else what the folder says
@@ -11,8 +11,9 @@ under `results/` when the folder was published (name, licence, training data, ..
 every model (`EmbeddingModel.fingerprint`: equal fingerprints, equal embeddings). The loader is `load_model`: the
 folder through `lmk.model.export.load_exported` into `LmkEncoder`, the adapter `lmk.evaluate` runs, so the
 scores are lmk's at the same per-side max lengths (`query_max_length`, `passage_max_length`: loader keywords,
-recorded as mteb experiment settings). `register` puts the meta in mteb's registry under the source and the name,
-which is what `mteb.get_model` / `mteb.get_model_meta` read.
+recorded as mteb experiment settings by `ModelMeta.load_model`). mteb's registry lists the models mteb itself
+implements; an lmk export is loaded from its meta, as mteb loads any of them (`mteb.get_model` is that call after a
+registry lookup).
 
 `save_results(results, meta, folder)` writes task results through mteb's own `ResultCache`:
 `<folder>/results/<org>__<model>/<revision>/<Task>.json` beside `model_meta.json`, the results repository's layout.
@@ -30,7 +31,6 @@ from typing import Any
 
 import mteb
 from huggingface_hub import snapshot_download
-from mteb.models.model_implementations import MODEL_REGISTRY
 from mteb.models.model_meta import ModelMeta
 from mteb.results import TaskResult
 
@@ -142,18 +142,6 @@ def load_model(model_name: str, revision: str | None = None, device: str | None 
     passage_max_length = passage_max_length or int(scored.get("passage_max_length") or default)
     return LmkEncoder(model, query_max_length, passage_max_length, batch_size,
                       max_tokens_per_batch=max_tokens_per_batch, precision=precision, workers=workers)
-
-
-def register(source: str | Path, *, name: str | None = None, hub_revision: str | None = None) -> ModelMeta:
-    """Describe `source` and enter it in mteb's registry under the source and the meta's name, so that
-    `mteb.get_model(source)` and `mteb.get_model(meta.name)` load it."""
-    meta = model_meta(source, name=name, hub_revision=hub_revision)
-    for key in {str(source), meta.name}:
-        if key in MODEL_REGISTRY and MODEL_REGISTRY[key].loader is not load_model:
-            raise ValueError(f"mteb already knows a model {key!r} that is not this lmk export; register it under "
-                             "another name (name=...)")
-        MODEL_REGISTRY[key] = meta
-    return meta
 
 
 def save_results(results: Iterable[TaskResult], meta: ModelMeta, folder: str | Path) -> list[Path]:

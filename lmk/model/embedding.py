@@ -19,8 +19,8 @@ from transformers import AutoModel, AutoTokenizer, PreTrainedModel
 from lmk.config.model import EncoderConfig, PoolingConfig
 from lmk.model.backbone import is_checkpointing, load_backbone, set_checkpointing, set_rope
 from lmk.model.device import autocast, resolve_precision
+from lmk.model.landmark import build_pooler
 from lmk.model.landmark.padded_rows import guard_padded_rows
-from lmk.model.landmark.poolers import build_pooler
 from lmk.model.landmark.tokenization import LandmarkTokenizer
 from lmk.model.long_attention import lean_attention
 from lmk.model.pipeline import encode_texts

@@ -37,8 +37,7 @@ from transformers import AutoConfig, AutoModel
 from lmk.config import UserError
 from lmk.config.model import EncoderConfig, PoolingConfig
 from lmk.model.embedding import EmbeddingModel
-from lmk.model.landmark import LandmarkTransformer
-from lmk.model.landmark.poolers import POOLERS, Pooler, build_pooler
+from lmk.model.landmark import POOLERS, LandmarkTransformer, Pooler, build_pooler
 
 CODE_DIR = Path(__file__).resolve().parent / "landmark"
 OLD_MODULES = ("lmk.export.LandmarkTransformer", "lmk.export.LandmarkPooling")

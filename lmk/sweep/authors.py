@@ -5,7 +5,7 @@ render them as the Markdown table docs/method.md shows.
 `--write docs/method.md` regenerates the table between the markers in that file.
 
 Each block of the YAML names Hydra overrides of `conf/train.yaml`; each key is a dotted path in the
-validated config (`lmk.config.validate`, so schema defaults count) or a name in `DERIVED`. A key with
+validated config (`lmk.train.trainer_args.validate_training`, so schema and Lightning defaults count) or a name in `DERIVED`. A key with
 `ours:` is a deliberate deviation: the composed value must equal `ours`, and `reason` says why.
 """
 
@@ -22,7 +22,8 @@ import yaml
 from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
 
-from lmk.config import CONF_DIR, effective_batch, to_container, validate
+from lmk.config import CONF_DIR, effective_batch, to_container
+from lmk.train.trainer_args import validate_training
 
 START, END = "<!-- authors-table:start -->", "<!-- authors-table:end -->"
 # overrides every composition needs outside a Hydra run (no output dir, no row)
@@ -78,7 +79,7 @@ def compose(overrides: Sequence[str], conf_dir: Path = CONF_DIR) -> tuple[Any, d
     """(validated root config, plain resolved mapping) of `conf/train.yaml` with `overrides`, offline."""
     with initialize_config_dir(config_dir=str(conf_dir), version_base=None):
         cfg = hydra_compose("train", overrides=[*overrides, *_COMPOSE_EXTRA])
-    return validate(cfg), to_container(cfg)  # values only (no preflight): data may live elsewhere
+    return validate_training(cfg), to_container(cfg)  # values only (no preflight): data may live elsewhere
 
 
 def lookup(typed: Any, plain: dict[str, Any], key: str) -> Any:

@@ -7,8 +7,9 @@ Examples:
     python -m lmk.train overwrite=true hydra.run.dir=<finished run>  # start a finished folder over
 
 A run folder has one live owner (`lmk.run.lock`); a resumed run continues exactly (`lmk.train.resume`).
-This module stays torch-free so that a bad config fails in about a second: the training machinery is
-imported after validation.
+This module stays torch-free so that a bad config fails in seconds: a typo in any section but `trainer` before
+Lightning loads (about a second), one in `trainer` once its signature is read (Lightning's import, a few seconds);
+the training machinery is imported after validation.
 """
 
 from __future__ import annotations
@@ -19,14 +20,16 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig
 
-from lmk.config import CONF_DIR, ConfigError, RootConfig, validate
+from lmk.config import CONF_DIR, ConfigError, RootConfig
 from lmk.run.cli import hydra_task, run_app
+from lmk.train.trainer_args import validate_training
 
 
 def validate_job(cfg: Any) -> RootConfig:
-    """Every check a training job passes before compute: the config (`lmk.config.validate`), then this machine
-    (data paths, task names; `lmk.eval.preflight`). The row sweeper runs it on every job before launching."""
-    typed = validate(cfg)
+    """Every check a training job passes before compute: the config (`lmk.config.validate`, the trainer section by
+    Lightning's signature), then this machine (data paths, task names; `lmk.eval.preflight`). The row sweeper runs
+    it on every job before launching."""
+    typed = validate_training(cfg)
     # fast path: mteb's task registry (seconds) loads only once the config validated
     from lmk.eval.preflight import preflight
 

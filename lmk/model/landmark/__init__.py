@@ -1,6 +1,7 @@
 """The landmark code every exported model carries: tokenization, poolers and the sentence-transformers input module.
 
-    layouts.py               where each token of a row goes (numpy), truncation after insertion; STRATEGY_TRAITS
+    names.py                 the registered names: poolers (and their needs), strategies, splitters; plain Python
+    layouts.py               where each token of a row goes (numpy), truncation after insertion
     koehn.py, sentences.py   the sentence splitters of the `sentence` strategy
     tokenization.py          LandmarkTokenizer (strategies none / fixed / variable / sentence / every_k / multi_cls)
     poolers.py               the pooler contract, its registry (@register_pooler) and cls / mean / lmk
@@ -12,33 +13,40 @@ that `SentenceTransformer(folder, trust_remote_code=True)` runs the same code wi
 package (tests/test_landmark_package.py checks them): it imports only torch, transformers, sentence-transformers,
 numpy, regex and the standard library, and its files import each other relatively (`from .poolers import ...`),
 one level deep, as the Hugging Face loader of a model's own code needs. An optional package (sentencex, spaCy) is
-imported inside `try`. Every module here is imported below, so a new pooler file registers itself.
+imported inside `try`.
+
+`names.py` declares what the package registers (poolers and their needs, strategies, sentence splitters) in plain
+Python, so config validation imports it without torch. Hence importing this package loads nothing else: the names
+below load on first use, and with them every module here, so a new pooler file registers itself.
 """
 
 import importlib
 import pkgutil
+from typing import Any
 
-from .landmark_transformer import CONFIG_FILE, OLD_CONFIG_FILE, LandmarkTransformer, set_rope
-from .latent_attention import LatentAttentionPooling
-from .layouts import STRATEGY_TRAITS, rows_and_local
-from .padded_rows import guard_padded_rows, has_sliding_window, no_empty_rows
-from .poolers import (
-    POOLERS,
-    CLSPooling,
-    LMKPooling,
-    MeanPooling,
-    Pooler,
-    build_pooler,
-    masked_mean,
-    register_pooler,
-)
-from .sentences import multilingual_backend, split_sentences
-from .tokenization import STRATEGIES, LandmarkTokenizer
+# public name -> the module that defines it (a module's own name: the module itself)
+_DEFINED_IN = {
+    "CONFIG_FILE": "landmark_transformer", "OLD_CONFIG_FILE": "landmark_transformer",
+    "LandmarkTransformer": "landmark_transformer", "set_rope": "landmark_transformer",
+    "LatentAttentionPooling": "latent_attention", "STRATEGY_TRAITS": "layouts", "rows_and_local": "layouts",
+    "guard_padded_rows": "padded_rows", "has_sliding_window": "padded_rows", "no_empty_rows": "padded_rows",
+    "POOLERS": "poolers", "CLSPooling": "poolers", "LMKPooling": "poolers", "MeanPooling": "poolers",
+    "Pooler": "poolers", "build_pooler": "poolers", "masked_mean": "poolers", "register_pooler": "poolers",
+    "multilingual_backend": "sentences", "split_sentences": "sentences", "koehn": "koehn",
+    "STRATEGIES": "tokenization", "LandmarkTokenizer": "tokenization",
+}
+__all__ = sorted(_DEFINED_IN)
 
-for _module in pkgutil.iter_modules(__path__):  # every pooler module registers its classes on import
-    importlib.import_module(f"{__name__}.{_module.name}")
 
-__all__ = ["CONFIG_FILE", "OLD_CONFIG_FILE", "POOLERS", "STRATEGIES", "STRATEGY_TRAITS", "CLSPooling", "LMKPooling",
-           "LandmarkTokenizer", "LandmarkTransformer", "LatentAttentionPooling", "MeanPooling", "Pooler", "build_pooler",
-           "guard_padded_rows", "has_sliding_window", "koehn", "masked_mean", "multilingual_backend", "no_empty_rows",
-           "register_pooler", "rows_and_local", "set_rope", "split_sentences"]
+def load_all() -> None:
+    """Import every module of the package: each pooler file registers its classes on import."""
+    for module in pkgutil.iter_modules(__path__):
+        importlib.import_module(f"{__name__}.{module.name}")
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _DEFINED_IN:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    load_all()
+    module = importlib.import_module(f"{__name__}.{_DEFINED_IN[name]}")
+    return module if name == _DEFINED_IN[name] else getattr(module, name)

@@ -5,24 +5,12 @@ padding, masks)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-# name -> what the strategy does. lmk.config reads this table from the source, torch-free (lmk.config.registry):
-# keep it a literal. marks_pooled: its pool_mask selects positions (the lmk pooler needs that); chunked: its output
-# depends on the chunk size (the run name carries it); inserts_landmarks: it inserts landmarks (>= 1 must
-# survive truncation).
-STRATEGY_TRAITS: Mapping[str, Mapping[str, bool]] = {
-    "none": {"marks_pooled": False, "chunked": False, "inserts_landmarks": False},
-    "fixed": {"marks_pooled": True, "chunked": True, "inserts_landmarks": True},
-    "variable": {"marks_pooled": True, "chunked": True, "inserts_landmarks": True},
-    "sentence": {"marks_pooled": True, "chunked": False, "inserts_landmarks": True},
-    "every_k": {"marks_pooled": True, "chunked": True, "inserts_landmarks": False},
-    "multi_cls": {"marks_pooled": True, "chunked": True, "inserts_landmarks": False},
-}
+from .names import STRATEGY_TRAITS  # what each strategy does (names.py: config validation reads it there)
 
 
 @dataclass

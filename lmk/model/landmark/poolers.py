@@ -1,8 +1,9 @@
 """The pooler contract, its registry and the paper's poolers: token embeddings [B, T, H] -> L2-normalised sentence
 embeddings [B, H].
 
-A pooler is a small `Pooler` subclass with a `name` (its pooling mode), the needs it declares (class attributes)
-and a `config()`; `@register_pooler` adds the class to `POOLERS` (a duplicate name is an error) and
+A pooler is a small `Pooler` subclass with a `name` (its pooling mode) and a `config()`; its needs are declared in
+`names.POOLERS` (plain Python, read by config validation without torch), or, for a pooler defined outside this
+package, by its class attributes. `@register_pooler` adds the class to `POOLERS` (a duplicate name is an error) and
 `build_pooler(name, hidden_size, **kwargs)` builds one. Each pooler is also a sentence-transformers module (the
 one class lmk trains and encodes with is the one an export saves and loads): called with the features dict it writes
 `sentence_embedding`, called with tensors it returns the embeddings. Inputs are never modified in place, and means
@@ -25,6 +26,9 @@ from typing import Any, ClassVar
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from .names import POOLER_NEEDS, declare_pooler
+from .names import POOLERS as DECLARED
 
 try:
     from sentence_transformers.base.modules import Module
@@ -63,8 +67,8 @@ class Pooler(Module):
     """Base class: subclasses implement `pool` (unnormalised [B, H]); `forward` checks and normalises."""
 
     name: ClassVar[str] = ""
-    # What the pooler needs (read by other modules instead of testing its name; lmk.config reads them from this
-    # source, torch-free: keep them literals).
+    # What the pooler needs (read by other modules instead of testing its name): set by `register_pooler` from its
+    # declaration in names.POOLERS; a pooler outside this package declares them here (see names.py)
     needs_pool_mask: ClassVar[bool] = False  # pools positions the strategy marks (pool_mask)
     needs_hidden_size: ClassVar[bool] = False  # built with the backbone's hidden size
     trainable: ClassVar[bool] = False  # has weights (saved with the model: model.safetensors in its folder)
@@ -137,12 +141,21 @@ POOLERS: dict[str, type[Pooler]] = {}
 
 
 def register_pooler(cls: type[Pooler]) -> type[Pooler]:
-    """Class decorator: add a pooler to `POOLERS` under its `name` (config validation reads the same classes)."""
+    """Class decorator: add a pooler to `POOLERS` under its `name`. A name declared in names.POOLERS gives the class
+    its needs; any other name is declared there from the class's attributes, so config validation knows it."""
     if not cls.name:
         raise ValueError(f"pooler class {cls.__qualname__} has no `name`")
     if cls.name in POOLERS and POOLERS[cls.name] is not cls:
         raise ValueError(f"pooler name {cls.name!r} is registered twice ({POOLERS[cls.name].__qualname__} and "
                          f"{cls.__qualname__}); give each pooler its own name")
+    if cls.name in DECLARED:
+        for need, value in DECLARED[cls.name].items():
+            if need in vars(cls) and vars(cls)[need] != value:
+                raise ValueError(f"pooler {cls.__qualname__} sets {need}={vars(cls)[need]!r} but names.POOLERS "
+                                 f"declares {value!r} for {cls.name!r}; change the declaration, not the class")
+            setattr(cls, need, value)
+    else:
+        declare_pooler(cls.name, **{need: getattr(cls, need) for need in POOLER_NEEDS})
     POOLERS[cls.name] = cls
     return cls
 
@@ -164,8 +177,7 @@ def build_pooler(name: str, hidden_size: int | None = None, **kwargs: Any) -> Po
 
 @register_pooler
 class CLSPooling(Pooler):
-    name = "cls"
-    attention_rows = "cls"
+    name = "cls"  # needs: names.POOLERS["cls"]
 
     def pool(self, token_embeddings: Tensor, attention_mask: Tensor, pool_mask: Tensor | None) -> Tensor:
         # first non-pad token: position 0 with right padding, after the padding with left padding
@@ -176,8 +188,7 @@ class CLSPooling(Pooler):
 
 @register_pooler
 class MeanPooling(Pooler):
-    name = "mean"
-    attention_rows = "mean"
+    name = "mean"  # needs: names.POOLERS["mean"]
 
     def pool(self, token_embeddings: Tensor, attention_mask: Tensor, pool_mask: Tensor | None) -> Tensor:
         return masked_mean(token_embeddings, attention_mask)
@@ -187,9 +198,7 @@ class MeanPooling(Pooler):
 class LMKPooling(Pooler):
     """Pooling mode ``lmk`` (the name sentence-transformers' LMK pull request gives it)."""
 
-    name = "lmk"
-    needs_pool_mask = True
-    attention_rows = "lmk"
+    name = "lmk"  # needs: names.POOLERS["lmk"] (the pool_mask)
 
     def pool(self, token_embeddings: Tensor, attention_mask: Tensor, pool_mask: Tensor | None) -> Tensor:
         if pool_mask is None:

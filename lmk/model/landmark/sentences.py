@@ -21,16 +21,13 @@ from functools import lru_cache
 
 from .koehn import languages as koehn_languages
 from .koehn import splitter as koehn_splitter
+from .names import DEFAULT_LANGUAGE, DEFAULT_SPLITTER, SPLITTERS
 
 try:
     from sentencex import segment
 except ImportError:  # only the sentencex splitters need it: an export with another one loads without the package
     segment = None
 
-# The splitters of the `sentence` strategy (lmk.config reads these literals from this source, torch-free).
-SPLITTERS = ("koehn", "multilingual", "sentencex")
-DEFAULT_LANGUAGE = "en"
-DEFAULT_SPLITTER = "koehn"
 SPACY_MODEL = "xx_sent_ud_sm"
 
 log = logging.getLogger(__name__)
