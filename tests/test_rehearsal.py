@@ -151,7 +151,9 @@ def test_rehearsal_differs_from_the_paper_config_only_in_sizes_and_stand_ins():
     assert r["data.sources"][0]["data_files"] == p["data.sources"][0]["data_files"]  # the same subset, a replica
 
 
-# In `make test` (about 2 min here): the rehearsal runs in CI because it fits in 3 minutes.
+# In the slow suite (over a minute on 2 quiet cores: two DDP ranks, then the eval stage's jobs); the rest of this
+# file checks the rehearsal's composition in `make test`.
+@pytest.mark.slow
 def test_rehearsal_row_runs_end_to_end(tmp_path):
     out = tmp_path / "rehearsal"
     proc = subprocess.run([sys.executable, "-m", "lmk.sweep", "experiments/table2/spec.yaml", "--scale", "rehearsal",
