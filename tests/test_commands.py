@@ -17,7 +17,7 @@ from lmk.analysis import notebooks as nbr
 from lmk.config.paths import repo_root
 from lmk.export import export_sentence_transformers
 from lmk.model.embedding import EmbeddingModel
-from lmk.sweep.prefetch import scale_artifacts
+from lmk.sweep.scale_artifacts import scale_artifacts
 
 REPO = repo_root()
 README = (REPO / "README.md").read_text(encoding="utf-8")

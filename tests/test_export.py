@@ -21,8 +21,8 @@ from sentence_transformers import SentenceTransformer
 from lmk.config import registry
 from lmk.export import LandmarkTransformer, export_sentence_transformers, load_exported
 from lmk.model.embedding import EmbeddingModel
-from lmk.model.export import code_files
 from lmk.model.landmark import Pooler
+from lmk.model.st_folder import code_files
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"

@@ -1,4 +1,4 @@
-"""lmk.model.landmark.koehn: the Koehn & Schroeder splitter of the `sentence-splitter` package, compiled once. Its sentences
+"""lmk.model.landmark.koehn_splitter: the Koehn & Schroeder splitter of the `sentence-splitter` package, compiled once. Its sentences
 equal the package's on real prose (CPython's pydoc topics: paragraphs, code, lists) and on generated texts built
 from the characters its rules look at; its non-breaking prefixes equal the package's for every language."""
 
@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from sentence_splitter import SentenceSplitter
 
 from lmk.config.model import koehn_languages
-from lmk.model.landmark import koehn
+from lmk.model.landmark import koehn_splitter as koehn
 from lmk.model.landmark.sentences import split_sentences
 
 # what the rules test: breaks (?!. and runs of dots), quotes and brackets, initial/final punctuation, upper case and

@@ -17,7 +17,7 @@ import yaml
 from huggingface_hub import EvalResult, ModelCardData
 
 from lmk.eval.mteb_model import PAPER
-from lmk.model.export import needed_packages
+from lmk.model.st_folder import needed_packages
 from lmk.run.results import Results
 
 if TYPE_CHECKING:

@@ -9,7 +9,7 @@ of the MTEB results repository.
 under `results/` when the folder was published (name, licence, training data, ...), else what the folder says
 (name `lmk/<model name>`, embedding size, parameters, positions). Its revision is the weights fingerprint lmk gives
 every model (`EmbeddingModel.fingerprint`: equal fingerprints, equal embeddings). The loader is `load_model`: the
-folder through `lmk.model.export.load_exported` into `LmkEncoder`, the adapter `lmk.evaluate` runs, so the
+folder through `lmk.model.st_folder.load_exported` into `LmkEncoder`, the adapter `lmk.evaluate` runs, so the
 scores are lmk's at the same per-side max lengths (`query_max_length`, `passage_max_length`: loader keywords,
 recorded as mteb experiment settings). `register` puts the meta in mteb's registry under the source and the name,
 which is what `mteb.get_model` / `mteb.get_model_meta` read.
@@ -35,8 +35,8 @@ from mteb.models.model_meta import ModelMeta
 from mteb.results import TaskResult
 
 from lmk.eval.encoder import LmkEncoder
-from lmk.model.export import is_export, load_exported
 from lmk.model.landmark.landmark_transformer import CONFIG_FILE, OLD_CONFIG_FILE
+from lmk.model.st_folder import is_export, load_exported
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ results in the results repository's layout; then, when asked, the hub.
 
 The folder (`out`, a temporary one when only pushing):
 
-    <export>                          lmk.model.export's layout (the code travels), max_seq_length = the eval length
+    <export>                          lmk.model.st_folder's layout (the code travels), max_seq_length = the eval length
     README.md                         the card (lmk.eval.card): metadata (library_name, tags, base_model, datasets,
                                       license, model-index) and the run's facts
     results/<org>__<model>/<rev>/     each evaluated task's mteb TaskResult + model_meta.json (mteb's ResultCache)
@@ -35,8 +35,8 @@ from lmk.eval.card import TableRow, model_card
 from lmk.eval.mteb_model import FRAMEWORK, PAPER, citation, load_model, n_parameters, save_results
 from lmk.hub.push import Pushed, check_push, push_folder
 from lmk.model.backbone import package_model_path
-from lmk.model.export import export_sentence_transformers
 from lmk.model.loading import load_model as load_run_model
+from lmk.model.st_folder import export_sentence_transformers
 from lmk.run.results import STATUS_DONE, EvalRecord, Results
 
 log = logging.getLogger(__name__)

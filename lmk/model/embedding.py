@@ -19,12 +19,12 @@ from transformers import AutoModel, AutoTokenizer, PreTrainedModel
 from lmk.config.model import EncoderConfig, PoolingConfig
 from lmk.model.backbone import is_checkpointing, load_backbone, set_checkpointing, set_rope
 from lmk.model.device import autocast, resolve_precision
-from lmk.model.landmark.padded_rows import guard_padded_rows
 from lmk.model.landmark.poolers import build_pooler
+from lmk.model.landmark.sliding_window_guard import guard_padded_rows
 from lmk.model.landmark.tokenization import LandmarkTokenizer
 from lmk.model.long_attention import lean_attention
 from lmk.model.pipeline import encode_texts
-from lmk.run.files import write_json
+from lmk.run.umask_files import write_json
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from lmk.config.model import EncoderConfig
 from lmk.hub.offline import is_hub_id
 from lmk.model.backbone import config_positions
 from lmk.model.embedding import EmbeddingModel
-from lmk.model.export import is_export, load_exported
+from lmk.model.st_folder import is_export, load_exported
 
 log = logging.getLogger(__name__)
 

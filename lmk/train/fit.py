@@ -28,7 +28,7 @@ from lmk.data.datamodule import PairDataModule
 from lmk.eval.callback import build_eval_callback
 from lmk.hub.mirror import with_mirrored_sources
 from lmk.model.embedding import EmbeddingModel
-from lmk.model.export import export_sentence_transformers
+from lmk.model.st_folder import export_sentence_transformers
 from lmk.run import faults
 from lmk.run import lock as run_lock
 from lmk.run.cluster import cluster_plugins, submitit_rank

@@ -30,8 +30,8 @@ from typing import Any
 import torch
 from transformers import AutoModel, AutoTokenizer, PreTrainedModel
 
-from .koehn import prefix_file
-from .padded_rows import guard_padded_rows
+from .koehn_splitter import prefix_file
+from .sliding_window_guard import guard_padded_rows
 from .tokenization import LandmarkTokenizer
 
 try:
