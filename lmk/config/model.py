@@ -160,7 +160,7 @@ class PoolingConfig(Coercible):
             )
         self.check_fields()
         if not self.train_chunk_sizes or not all(
-            isinstance(g, int) and not isinstance(g, bool) and g >= 1 for g in self.train_chunk_sizes
+            isinstance(size, int) and not isinstance(size, bool) and size >= 1 for size in self.train_chunk_sizes
         ):
             raise ConfigError(
                 f"{n}.train_chunk_sizes={self.train_chunk_sizes!r} must be a non-empty list of positive ints "

@@ -105,7 +105,7 @@ class LandmarkTokenizer:
         `max_sentence_tokens` set, a longer piece also gets a landmark after every that many tokens of it
         (None: never cut, as the authors). At inference (``train=False``) a split that keeps under 90% of
         the text's characters is replaced by the whole text as one piece (the authors' eval script).
-      - ``every_k``: the normal layout, no insertion; pool_mask at positions 0, k, 2k, ... (k = chunk_size).
+      - ``every_k``: the normal layout, no insertion; pool_mask at positions 0, chunk_size, 2 chunk_size, ...
       - ``multi_cls``: ``[CLS] z1 [CLS] z2 ... [CLS] zn [SEP]``; pool_mask on every CLS (leading one
         included); the final SEP is not pooled. A truncated row is cut to max_length - 1 and still ends
         with the SEP (the authors' eval script).
@@ -296,11 +296,11 @@ class LandmarkTokenizer:
         else:
             if strategy == "variable" and train:
                 sizes = np.asarray(self._train_chunk_sizes, dtype=np.int64)
-                chunk = self._generator().choice(sizes, size=len(texts))
+                chunk_sizes = self._generator().choice(sizes, size=len(texts))
             else:
-                chunk = np.full(len(texts), self._chunk_size, dtype=np.int64)
+                chunk_sizes = np.full(len(texts), self._chunk_size, dtype=np.int64)
             # content past budget - 1 can never land inside the budget, so it is not even converted
-            layout = chunked_layout(*self._content(texts, budget - 1), chunk, strategy == "multi_cls",
+            layout = chunked_layout(*self._content(texts, budget - 1), chunk_sizes, strategy == "multi_cls",
                                     self._landmark_id, self._cls_id)
         return pack(layout, budget, strategy=strategy, chunk_size=self._chunk_size, cls_id=self._cls_id,
                     landmark_id=self._landmark_id, pad_id=self._pad_id, left_padding=self.padding_side == "left")
