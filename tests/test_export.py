@@ -141,7 +141,7 @@ def test_export_needs_trust_remote_code(exports):
 def test_export_max_seq_length_and_landmarks(tmp_path):
     m = build({"name": "f", "strategy": "fixed", "pooler": "lmk", "chunk_size": 8},
               OmegaConf.load(CONF / "encoder" / "minilm-l6.yaml"))
-    path = export_sentence_transformers(m, tmp_path / "st", max_seq_length=128)
+    path = export_sentence_transformers(m, tmp_path / "st", max_length=128)
     st = SentenceTransformer(str(path), trust_remote_code=True, device="cpu")
     assert st.max_seq_length == 128
     settings = json.loads((path / "landmark_config.json").read_text())

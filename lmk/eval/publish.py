@@ -175,7 +175,7 @@ def write_folder(run_dir: str | Path, out: str | Path, *, repo_id: str | None = 
         log.warning("%s: the weights (fingerprint %s) are not the ones evaluated (%s)", run_dir, model.fingerprint(),
                     section.fingerprint)
     length = min(int(section.passage_max_length or model.max_positions), model.max_positions)
-    export_sentence_transformers(model, out, max_seq_length=length)
+    export_sentence_transformers(model, out, max_length=length)
     encoder = model.encoder_cfg
     base = base or (base_model(encoder) if encoder else None)
     license_ = license_ or (base_license(encoder) if encoder else "other")

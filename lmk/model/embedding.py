@@ -207,12 +207,12 @@ class EmbeddingModel(torch.nn.Module):
     def token_lengths(self, texts: Sequence[str], side: str = "passage", max_length: int | None = None,
                       window: int = 256) -> np.ndarray:
         """Tokens per text after landmark insertion and truncation (what a batch of it pads to)."""
-        budget = self._max_length(side, max_length)
+        max_length = self._max_length(side, max_length)
         texts = list(texts)
         out = np.zeros(len(texts), dtype=np.int64)
         # windows of texts so the padded id tensors stay small (window x longest)
         for start in range(0, len(texts), window):
-            mask = self.tokenizer(texts[start : start + window], train=False, max_length=budget)["attention_mask"]
+            mask = self.tokenizer(texts[start : start + window], train=False, max_length=max_length)["attention_mask"]
             out[start : start + len(mask)] = mask.sum(dim=1).numpy()
         return out
 
@@ -248,7 +248,7 @@ class EmbeddingModel(torch.nn.Module):
         if max_tokens_per_batch is not None and (isinstance(max_tokens_per_batch, bool) or not isinstance(
                 max_tokens_per_batch, int) or max_tokens_per_batch < 1):
             raise ValueError(f"max_tokens_per_batch={max_tokens_per_batch!r} must be a positive int")
-        budget = self._max_length(side, max_length)
+        max_length = self._max_length(side, max_length)
         device = self.device
         precision = resolve_precision(precision, device, key="precision")
         for i, t in enumerate(texts):
@@ -258,9 +258,9 @@ class EmbeddingModel(torch.nn.Module):
         self.eval()
         try:
             out, self.truncation_count = encode_texts(
-                functools.partial(self.tokenizer, train=False, max_length=budget),
+                functools.partial(self.tokenizer, train=False, max_length=max_length),
                 functools.partial(self._embed_batch, precision=precision), texts,
-                hidden_size=self.hidden_size, budget=budget, device=device, batch_size=batch_size,
+                hidden_size=self.hidden_size, max_length=max_length, device=device, batch_size=batch_size,
                 max_tokens_per_batch=max_tokens_per_batch, pad=(self.tokenizer.pad_id,
                                                                 self.tokenizer.padding_side == "left"),
                 workers=workers, prefetch=prefetch, progress=f"encode {side}" if show_progress else None,
@@ -269,7 +269,7 @@ class EmbeddingModel(torch.nn.Module):
             self.train(was_training)
         if self.truncation_count:
             log.info("%s: %d/%d %s texts reached max_length=%d (truncated)", self.name, self.truncation_count,
-                     len(texts), side, budget)
+                     len(texts), side, max_length)
         return out
 
     def _embed_batch(self, feats: dict[str, torch.Tensor], precision: str) -> torch.Tensor:

@@ -56,8 +56,9 @@ def class_ref(module: torch.nn.Module) -> str:
     return f"{file.stem}.{cls.__name__}"
 
 
-def to_sentence_transformer(model: EmbeddingModel, max_seq_length: int | None = None) -> SentenceTransformer:
-    """A SentenceTransformer sharing `model`'s backbone, tokenizer and pooler (no copy)."""
+def to_sentence_transformer(model: EmbeddingModel, max_length: int | None = None) -> SentenceTransformer:
+    """A SentenceTransformer sharing `model`'s backbone, tokenizer and pooler (no copy); `max_length` becomes its
+    `max_seq_length` (sentence-transformers' name)."""
     if model.pooling_cfg is None:
         raise ValueError("export needs model.pooling_cfg (build the model with EmbeddingModel.build)")
     if not isinstance(model.pooler, Pooler):
@@ -66,7 +67,7 @@ def to_sentence_transformer(model: EmbeddingModel, max_seq_length: int | None = 
     lmk = {k: description[k] for k in ("name", "encoder", "pooling", "query_max_length", "passage_max_length")}
     lmk["fingerprint"] = model.fingerprint()  # the weights' identity: mteb's model revision (lmk.eval.mteb_model)
     encoder = model.encoder_cfg
-    first = LandmarkTransformer(model.backbone, model.tokenizer, max_seq_length=max_seq_length or model.passage_max_length,
+    first = LandmarkTransformer(model.backbone, model.tokenizer, max_seq_length=max_length or model.passage_max_length,
                                 max_positions=model.max_positions, rope=encoder.rope if encoder else True,
                                 attn_implementation=encoder.attn_implementation if encoder else "sdpa", lmk=lmk)
     # device=model's device so the shared backbone is not moved
@@ -74,11 +75,11 @@ def to_sentence_transformer(model: EmbeddingModel, max_seq_length: int | None = 
 
 
 def export_sentence_transformers(model: EmbeddingModel, path: str | os.PathLike,
-                                 max_seq_length: int | None = None) -> Path:
-    """Write a sentence-transformers folder that carries its code; `max_seq_length` defaults to the model's passage
-    max length."""
+                                 max_length: int | None = None) -> Path:
+    """Write a sentence-transformers folder that carries its code; `max_length` (the folder's `max_seq_length`)
+    defaults to the model's passage max length."""
     path = Path(path)
-    st = to_sentence_transformer(model, max_seq_length=max_seq_length)
+    st = to_sentence_transformer(model, max_length=max_length)
     st.save(str(path), create_model_card=False)
     modules = json.loads((path / "modules.json").read_text())
     for entry, module in zip(modules, st):

@@ -138,12 +138,12 @@ def sentence_layout(ids: np.ndarray, s_len: np.ndarray, s_row: np.ndarray, n_tex
     )
 
 
-def pack(lay: Layout, budget: int, *, strategy: str, chunk_size: int, cls_id: int, landmark_id: int, pad_id: int,
+def pack(lay: Layout, max_length: int, *, strategy: str, chunk_size: int, cls_id: int, landmark_id: int, pad_id: int,
          left_padding: bool) -> dict[str, torch.Tensor]:
-    """Truncate every row to `budget` tokens (landmarks count), pad, and build the masks; a row whose landmarks
+    """Truncate every row to `max_length` tokens (landmarks count), pad, and build the masks; a row whose landmarks
     were all cut gets its last token overwritten with one."""
     n_rows = len(lay.total)
-    length = np.minimum(lay.total, budget)
+    length = np.minimum(lay.total, max_length)
     width = int(length.max())
     # left padding shifts every position of a row by its amount of padding
     shift = width - length if left_padding else np.zeros(n_rows, np.int64)
@@ -153,9 +153,9 @@ def pack(lay: Layout, budget: int, *, strategy: str, chunk_size: int, cls_id: in
     ids[r, shift] = cls_id
     pool[r, shift] = lay.pool_lead
 
-    keep = lay.c_pos < budget
+    keep = lay.c_pos < max_length
     ids[lay.c_row[keep], lay.c_pos[keep] + shift[lay.c_row[keep]]] = lay.c_ids[keep]
-    keep = lay.i_pos < budget
+    keep = lay.i_pos < max_length
     i_row, i_col = lay.i_row[keep], lay.i_pos[keep] + shift[lay.i_row[keep]]
     ids[i_row, i_col] = lay.i_id[keep]
     pool[i_row, i_col] = lay.i_pool[keep]
@@ -169,8 +169,8 @@ def pack(lay: Layout, budget: int, *, strategy: str, chunk_size: int, cls_id: in
         pool[lost, last] = True
     elif strategy == "multi_cls":
         # as the authors: cut to max_length - 1, then the closing SEP (never a CLS as the last token)
-        cut = np.flatnonzero(lay.total > budget)
-        last = shift[cut] + budget - 1
+        cut = np.flatnonzero(lay.total > max_length)
+        last = shift[cut] + max_length - 1
         ids[cut, last] = landmark_id
         pool[cut, last] = False
     elif strategy == "every_k":
