@@ -19,6 +19,7 @@ from transformers import AutoModel, AutoTokenizer, PreTrainedModel
 from lmk.config.model import EncoderConfig, PoolingConfig
 from lmk.model.backbone import is_checkpointing, load_backbone, set_checkpointing, set_rope
 from lmk.model.device import autocast, resolve_precision
+from lmk.model.landmark.legacy_config import saved_config_file
 from lmk.model.landmark.poolers import build_pooler
 from lmk.model.landmark.sliding_window_guard import guard_padded_rows
 from lmk.model.landmark.tokenization import LandmarkTokenizer
@@ -29,7 +30,7 @@ from lmk.run.umask_files import write_json
 log = logging.getLogger(__name__)
 
 SIDES = ("query", "passage")
-LMK_CONFIG_FILE = "lmk_config.json"
+MODEL_CONFIG_FILE = "embedding_model.json"  # save_pretrained's description (legacy_config reads older folders)
 POOLER_WEIGHTS_FILE = "pooler.safetensors"
 FORMAT_VERSION = 1
 # Backbone inputs the LandmarkTokenizer output may carry; pool_mask is for the pooler only.
@@ -294,7 +295,7 @@ class EmbeddingModel(torch.nn.Module):
         return self.pooler(hidden.float(), feats["attention_mask"], feats.get("pool_mask")).float()
 
     # ------------------------------------------------------------------------------ persistence
-    def lmk_config(self) -> dict[str, Any]:
+    def config_dict(self) -> dict[str, Any]:
         """JSON-able description of everything but the weights."""
         return {
             "format_version": FORMAT_VERSION,
@@ -313,16 +314,16 @@ class EmbeddingModel(torch.nn.Module):
         }
 
     def save_pretrained(self, path: str | os.PathLike) -> None:
-        """Backbone (HF format) + tokenizer + lmk_config.json (+ pooler weights when trainable)."""
+        """Backbone (HF format) + tokenizer + embedding_model.json (+ pooler weights when trainable)."""
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         self.backbone.save_pretrained(path)
         self.hf_tokenizer.save_pretrained(path)
-        cfg = self.lmk_config()
+        cfg = self.config_dict()
         if cfg["pooler"]["weights"]:
             state = {k: v.detach().cpu().contiguous() for k, v in self.pooler.state_dict().items()}
             save_file(state, str(path / POOLER_WEIGHTS_FILE))
-        write_json(path / LMK_CONFIG_FILE, cfg)
+        write_json(path / MODEL_CONFIG_FILE, cfg)
 
     @classmethod
     def from_pretrained(
@@ -330,10 +331,10 @@ class EmbeddingModel(torch.nn.Module):
     ) -> EmbeddingModel:
         """Reload a `save_pretrained` folder; `model_kwargs` go to AutoModel.from_pretrained (e.g. dtype)."""
         path = Path(path)
-        cfg_file = path / LMK_CONFIG_FILE
-        if not cfg_file.is_file():
+        cfg_file = saved_config_file(path, MODEL_CONFIG_FILE)
+        if cfg_file is None:
             raise FileNotFoundError(
-                f"{cfg_file} not found: {path} is not an EmbeddingModel folder (write one with save_pretrained, "
+                f"{path / MODEL_CONFIG_FILE} not found: {path} is not an EmbeddingModel folder (write one with save_pretrained, "
                 "or load a sentence-transformers export with lmk.export.load_exported)"
             )
         cfg = json.loads(cfg_file.read_text())
@@ -376,7 +377,7 @@ class EmbeddingModel(torch.nn.Module):
     def fingerprint(self) -> str:
         """Short hash of weights + config: equal fingerprints mean equal embeddings (eval cache key)."""
         h = hashlib.blake2b(digest_size=8)
-        cfg = self.lmk_config()
+        cfg = self.config_dict()
         h.update(json.dumps(cfg, sort_keys=True, default=str).encode())
         for module in (self.backbone, self.pooler):
             if not isinstance(module, torch.nn.Module):

@@ -17,7 +17,8 @@ from transformers import AutoConfig
 from lmk.config.model import EncoderConfig
 from lmk.hub.offline import is_hub_id
 from lmk.model.backbone import config_positions
-from lmk.model.embedding import EmbeddingModel
+from lmk.model.embedding import MODEL_CONFIG_FILE, EmbeddingModel
+from lmk.model.landmark.legacy_config import saved_config_file
 from lmk.model.st_folder import is_export, load_exported
 
 log = logging.getLogger(__name__)
@@ -93,9 +94,9 @@ def load_model(ref: str | os.PathLike | None, encoder_cfg: Any = None, pooling_c
         )
     if path.is_file() and path.suffix == ".ckpt":
         return _load_from_checkpoint(path, path.parent.parent), {"kind": "checkpoint", "source": str(path)}
-    if is_export(path):  # before save_pretrained's lmk_config.json: older exports hold one too
+    if is_export(path):  # before a save_pretrained folder: older exports hold its (legacy) description too
         return load_exported(path), {"kind": "export", "source": str(path)}
-    if (path / "lmk_config.json").is_file():
+    if saved_config_file(path, MODEL_CONFIG_FILE) is not None:
         return EmbeddingModel.from_pretrained(path), {"kind": "pretrained", "source": str(path)}
     if (path / "export" / "modules.json").is_file():
         return load_exported(path / "export"), {"kind": "run-export", "source": str(path / "export"),
@@ -107,6 +108,6 @@ def load_model(ref: str | os.PathLike | None, encoder_cfg: Any = None, pooling_c
         # a published model (transformers or sentence-transformers folder) without lmk metadata
         return load_hf_encoder(str(path), pooling_cfg, seed), {"kind": "hf-encoder", "source": str(path)}
     raise FileNotFoundError(
-        f"model={ref!r}: no lmk_config.json, modules.json (export), export/, checkpoints/last.ckpt or config.json "
+        f"model={ref!r}: no {MODEL_CONFIG_FILE}, modules.json (export), export/, checkpoints/last.ckpt or config.json "
         "(a Hugging Face encoder) found"
     )

@@ -63,7 +63,7 @@ def to_sentence_transformer(model: EmbeddingModel, max_length: int | None = None
         raise ValueError("export needs model.pooling_cfg (build the model with EmbeddingModel.build)")
     if not isinstance(model.pooler, Pooler):
         raise ValueError(f"export needs a registered pooler (lmk.model.landmark.poolers), got {type(model.pooler)}")
-    description = model.lmk_config()
+    description = model.config_dict()
     lmk = {k: description[k] for k in ("name", "encoder", "pooling", "query_max_length", "passage_max_length")}
     lmk["fingerprint"] = model.fingerprint()  # the weights' identity: mteb's model revision (lmk.eval.mteb_model)
     encoder = model.encoder_cfg
