@@ -96,7 +96,7 @@ def test_export_embeds_as_lmk(exports, case) -> None:
 
     back = load_exported(path)
     assert isinstance(back.pooler, Pooler) and type(back.pooler) is type(model.pooler)
-    assert back.name == model.name and back.tokenizer.config() == model.tokenizer.config()
+    assert back.name == model.name and back.landmark_tokenizer.config() == model.landmark_tokenizer.config()
     np.testing.assert_allclose(back.encode(TEXTS), ref, atol=1e-6)
     assert back.fingerprint() == model.fingerprint()
 

@@ -176,7 +176,7 @@ def test_long_text_tokenizes_without_warning(minilm, caplog):
         assert len(tok(long_text)["input_ids"]) == 2002  # under the 8192 budget: no "indexing errors" warning
         minilm.encode([long_text], max_length=8192)  # clamped to 512 by the model, not by a warning
     assert "longer than the specified maximum" not in caplog.text
-    assert minilm.hf_tokenizer.model_max_length == 512
+    assert minilm.tokenizer.model_max_length == 512
 
 
 # ------------------------------------------------------------------------------------ embeddings
@@ -318,7 +318,7 @@ def test_save_load_exact(base_model, tmp_path):
     m = base_model.with_pooling(pool_cfg("lmk-variable", chunk_size=8))
     m.save_pretrained(tmp_path / "m")
     r = EmbeddingModel.from_pretrained(tmp_path / "m")
-    assert r.name == m.name and r.tokenizer.config() == m.tokenizer.config()
+    assert r.name == m.name and r.landmark_tokenizer.config() == m.landmark_tokenizer.config()
     assert (r.query_max_length, r.passage_max_length) == (m.query_max_length, m.passage_max_length)
     assert np.array_equal(r.encode(TEXTS), m.encode(TEXTS))
     assert r.fingerprint() == m.fingerprint()

@@ -78,7 +78,7 @@ def _metadata(meta: ModelMeta, results: Results, task_results: list[TaskResult])
 
 
 def _pooling(model: EmbeddingModel) -> str:
-    tok, pool = model.tokenizer, model.pooling_cfg
+    tok, pool = model.landmark_tokenizer, model.pooling_cfg
     lines = [f"- pooling `{pool.label if pool else '?'}`: strategy `{tok.strategy}`, pooler "
              f"(pooling mode) `{pool.pooler if pool else type(model.pooler).__name__}`"]
     if tok.strategy == "none":
@@ -130,7 +130,7 @@ def _usage(source: str, meta: ModelMeta, model: EmbeddingModel) -> str:
     return f"""With sentence-transformers alone: the folder carries the code of its modules, hence
 `trust_remote_code=True`. Texts are cut to {p} tokens after landmark insertion (`model.max_seq_length`), the length
 the scores above were computed at.
-{needed_packages(model.tokenizer)}
+{needed_packages(model.landmark_tokenizer)}
 
 ```python
 from sentence_transformers import SentenceTransformer
@@ -155,7 +155,7 @@ results = mteb.evaluate(model, mteb.get_tasks(tasks=["SciFact"]))
 def _what(model: EmbeddingModel) -> str:
     pool = model.pooling_cfg
     label = pool.label if pool else model.name
-    kind = "it pools with landmarks" if model.tokenizer.strategy != "none" else \
+    kind = "it pools with landmarks" if model.landmark_tokenizer.strategy != "none" else \
         "one of the paper's comparison rows, without landmarks"
     return (f"This model was fine-tuned and evaluated with `lmk`, which reproduces the paper:\npooling `{label}` "
             f"({kind}).")

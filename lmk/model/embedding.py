@@ -1,4 +1,8 @@
-"""EmbeddingModel = Hugging Face backbone + LandmarkTokenizer + pooler: texts -> L2-normalised vectors."""
+"""EmbeddingModel = Hugging Face backbone + LandmarkTokenizer + pooler: texts -> L2-normalised vectors.
+
+As in sentence-transformers' modules, `.tokenizer` is the Hugging Face tokenizer; the landmark tokenizer that wraps
+it (insertion, truncation, pool_mask) is `.landmark_tokenizer`.
+"""
 
 from __future__ import annotations
 
@@ -37,9 +41,9 @@ FORMAT_VERSION = 1
 _BACKBONE_KEYS = ("input_ids", "attention_mask", "token_type_ids")
 
 
-def _make_tokenizer(hf_tokenizer: Any, pooling: PoolingConfig, max_length: int, seed: int) -> LandmarkTokenizer:
+def _make_tokenizer(tokenizer: Any, pooling: PoolingConfig, max_length: int, seed: int) -> LandmarkTokenizer:
     return LandmarkTokenizer(
-        hf_tokenizer,
+        tokenizer,
         strategy=pooling.strategy,
         chunk_size=pooling.chunk_size,
         train_chunk_sizes=tuple(pooling.train_chunk_sizes),
@@ -65,7 +69,7 @@ class EmbeddingModel(torch.nn.Module):
     def __init__(
         self,
         backbone: PreTrainedModel,
-        tokenizer: LandmarkTokenizer,
+        landmark_tokenizer: LandmarkTokenizer,
         pooler: Any,
         query_max_length: int = 128,
         passage_max_length: int = 512,
@@ -78,7 +82,7 @@ class EmbeddingModel(torch.nn.Module):
         # key, since a CUDA kernel can return NaN for a row without one and the next global layer spreads it
         guard_padded_rows(backbone)
         self.backbone = backbone
-        self.tokenizer = tokenizer
+        self.landmark_tokenizer = landmark_tokenizer
         self.pooler = pooler
         self.query_max_length = int(query_max_length)
         self.passage_max_length = int(passage_max_length)
@@ -126,7 +130,7 @@ class EmbeddingModel(torch.nn.Module):
     def with_pooling(self, pooling_cfg: Any) -> EmbeddingModel:
         """Same backbone object (shared weights), another tokenization + pooler (cross-pooling eval)."""
         pool = PoolingConfig.coerce(pooling_cfg)
-        tok = _make_tokenizer(self.hf_tokenizer, pool, self.tokenizer.max_length, self.tokenizer.seed)
+        tok = _make_tokenizer(self.tokenizer, pool, self.landmark_tokenizer.max_length, self.landmark_tokenizer.seed)
         pooler = build_pooler(pool.pooler, hidden_size=self.hidden_size, **pool.pooler_kwargs)
         if isinstance(pooler, torch.nn.Module):
             pooler = pooler.to(self.device)
@@ -144,8 +148,9 @@ class EmbeddingModel(torch.nn.Module):
 
     # ------------------------------------------------------------------------------- properties
     @property
-    def hf_tokenizer(self) -> Any:
-        return self.tokenizer.tokenizer
+    def tokenizer(self) -> Any:
+        """The Hugging Face tokenizer (sentence-transformers' meaning of the name)."""
+        return self.landmark_tokenizer.tokenizer
 
     @property
     def hidden_size(self) -> int:
@@ -155,7 +160,7 @@ class EmbeddingModel(torch.nn.Module):
     def max_positions(self) -> int:
         if self.encoder_cfg is not None:
             return int(self.encoder_cfg.max_positions)
-        return int(self.hf_tokenizer.model_max_length)
+        return int(self.tokenizer.model_max_length)
 
     @property
     def device(self) -> torch.device:
@@ -192,7 +197,7 @@ class EmbeddingModel(torch.nn.Module):
         self, texts: Sequence[str], side: str = "passage", train: bool = False, max_length: int | None = None
     ) -> dict[str, torch.Tensor]:
         """Landmark-tokenize texts for one side (queries and passages only differ in max length)."""
-        return self.tokenizer(texts, train=train, max_length=self._max_length(side, max_length))
+        return self.landmark_tokenizer(texts, train=train, max_length=self._max_length(side, max_length))
 
     # ---------------------------------------------------------------------------------- forward
     def token_embeddings(self, features: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -213,7 +218,8 @@ class EmbeddingModel(torch.nn.Module):
         out = np.zeros(len(texts), dtype=np.int64)
         # windows of texts so the padded id tensors stay small (window x longest)
         for start in range(0, len(texts), window):
-            mask = self.tokenizer(texts[start : start + window], train=False, max_length=max_length)["attention_mask"]
+            mask = self.landmark_tokenizer(texts[start : start + window], train=False,
+                                           max_length=max_length)["attention_mask"]
             out[start : start + len(mask)] = mask.sum(dim=1).numpy()
         return out
 
@@ -259,11 +265,11 @@ class EmbeddingModel(torch.nn.Module):
         self.eval()
         try:
             out, self.truncation_count = encode_texts(
-                functools.partial(self.tokenizer, train=False, max_length=max_length),
+                functools.partial(self.landmark_tokenizer, train=False, max_length=max_length),
                 functools.partial(self._embed_batch, precision=precision), texts,
                 hidden_size=self.hidden_size, max_length=max_length, device=device, batch_size=batch_size,
-                max_tokens_per_batch=max_tokens_per_batch, pad=(self.tokenizer.pad_id,
-                                                                self.tokenizer.padding_side == "left"),
+                max_tokens_per_batch=max_tokens_per_batch, pad=(self.landmark_tokenizer.pad_id,
+                                                                self.landmark_tokenizer.padding_side == "left"),
                 workers=workers, prefetch=prefetch, progress=f"encode {side}" if show_progress else None,
             )
         finally:
@@ -305,7 +311,7 @@ class EmbeddingModel(torch.nn.Module):
             "query_max_length": self.query_max_length,
             "passage_max_length": self.passage_max_length,
             "max_positions": self.max_positions,
-            "tokenizer": self.tokenizer.config(),
+            "tokenizer": self.landmark_tokenizer.config(),
             "pooler": {
                 "name": self.pooling_cfg.pooler if self.pooling_cfg is not None else type(self.pooler).__name__,
                 "kwargs": self.pooling_cfg.pooler_kwargs if self.pooling_cfg is not None else {},
@@ -318,7 +324,7 @@ class EmbeddingModel(torch.nn.Module):
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         self.backbone.save_pretrained(path)
-        self.hf_tokenizer.save_pretrained(path)
+        self.tokenizer.save_pretrained(path)
         cfg = self.config_dict()
         if cfg["pooler"]["weights"]:
             state = {k: v.detach().cpu().contiguous() for k, v in self.pooler.state_dict().items()}
@@ -391,4 +397,4 @@ class EmbeddingModel(torch.nn.Module):
         return h.hexdigest()[:12]
 
     def __repr__(self) -> str:
-        return f"EmbeddingModel(name={self.name!r}, hidden_size={self.hidden_size}, tokenizer={self.tokenizer!r})"
+        return f"EmbeddingModel(name={self.name!r}, hidden_size={self.hidden_size}, landmark_tokenizer={self.landmark_tokenizer!r})"

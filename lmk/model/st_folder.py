@@ -67,7 +67,7 @@ def to_sentence_transformer(model: EmbeddingModel, max_length: int | None = None
     lmk = {k: description[k] for k in ("name", "encoder", "pooling", "query_max_length", "passage_max_length")}
     lmk["fingerprint"] = model.fingerprint()  # the weights' identity: mteb's model revision (lmk.eval.mteb_model)
     encoder = model.encoder_cfg
-    first = LandmarkTransformer(model.backbone, model.tokenizer, max_seq_length=max_length or model.passage_max_length,
+    first = LandmarkTransformer(model.backbone, model.landmark_tokenizer, max_seq_length=max_length or model.passage_max_length,
                                 max_positions=model.max_positions, rope=encoder.rope if encoder else True,
                                 attn_implementation=encoder.attn_implementation if encoder else "sdpa", lmk=lmk)
     # device=model's device so the shared backbone is not moved
@@ -89,16 +89,17 @@ def export_sentence_transformers(model: EmbeddingModel, path: str | os.PathLike,
         shutil.copyfile(file, path / file.name)
     (path / "README.md").write_text(_README.format(name=model.name, max_len=st[0].max_seq_length,
                                                    pooling=json.dumps(model.pooling_cfg.to_dict()),
-                                                   needs=needed_packages(model.tokenizer)))
+                                                   needs=needed_packages(model.landmark_tokenizer)))
     return path
 
 
-def needed_packages(tokenizer: Any) -> str:
+def needed_packages(landmark_tokenizer: Any) -> str:
     """What a user needs besides sentence-transformers to load the model: a sentence splitter the folder cannot
     carry (the koehn splitter's prefix file travels in it)."""
-    if tokenizer.strategy == "sentence" and tokenizer.sentence_splitter in ("sentencex", "multilingual"):
+    tok = landmark_tokenizer
+    if tok.strategy == "sentence" and tok.sentence_splitter in ("sentencex", "multilingual"):
         extra = " (the authors' multilingual splitter also uses spaCy's xx_sent_ud_sm where installed)" \
-            if tokenizer.sentence_splitter == "multilingual" else ""
+            if tok.sentence_splitter == "multilingual" else ""
         return f"Its sentence splitter needs `pip install sentencex`{extra}."
     return "It needs nothing beyond sentence-transformers (and its torch and transformers)."
 
@@ -161,13 +162,14 @@ def load_exported(path: str | os.PathLike, device: str | None = "cpu") -> Embedd
     meta = first.lmk
     enc = EncoderConfig.coerce(meta["encoder"]) if meta.get("encoder") else None
     pool = PoolingConfig.coerce(meta["pooling"]) if meta.get("pooling") else None
-    tokenizer = first.landmark_tokenizer
-    if meta.get("passage_max_length") and tokenizer.max_length != meta["passage_max_length"]:
+    landmark_tokenizer = first.landmark_tokenizer
+    if meta.get("passage_max_length") and landmark_tokenizer.max_length != meta["passage_max_length"]:
         # lmk's convention (EmbeddingModel.build): the tokenizer's default length is the passage length; the
         # folder's max_seq_length (sentence-transformers' one length) may have been set apart from it
-        settings = {**tokenizer.config(), "max_length": meta["passage_max_length"]}
-        tokenizer = type(tokenizer).from_config(tokenizer.tokenizer, settings, prefix_dir=tokenizer.prefix_dir)
-    model = EmbeddingModel(first.auto_model, tokenizer, pooler,
+        settings = {**landmark_tokenizer.config(), "max_length": meta["passage_max_length"]}
+        landmark_tokenizer = type(landmark_tokenizer).from_config(first.tokenizer, settings,
+                                                                  prefix_dir=landmark_tokenizer.prefix_dir)
+    model = EmbeddingModel(first.auto_model, landmark_tokenizer, pooler,
                            query_max_length=meta.get("query_max_length") or first.max_seq_length,
                            passage_max_length=meta.get("passage_max_length") or first.max_seq_length,
                            name=meta.get("name") or path.name, encoder_cfg=enc, pooling_cfg=pool)

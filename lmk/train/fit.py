@@ -71,7 +71,7 @@ def build_model(cfg: DictConfig, typed: RootConfig) -> EmbeddingModel:
 def build_datamodule(typed: RootConfig, model: Any) -> PairDataModule:
     """The PairDataModule of the validated `data` section, tokenizing with the model's tokenizer."""
     # hub-id sources held by the hub mirror (`hub.mirror`) are read from it (compute nodes without internet)
-    return PairDataModule(with_mirrored_sources(typed.data), tokenizer=model.tokenizer)
+    return PairDataModule(with_mirrored_sources(typed.data), tokenizer=model.landmark_tokenizer)
 
 
 def build_callbacks(typed: RootConfig, run_dir: Path, has_logger: bool, config_hash: str) -> list[Any]:
