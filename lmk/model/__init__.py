@@ -6,7 +6,7 @@
     embedding.py     EmbeddingModel: build, encode (batched, any device / precision), save / load
     batching.py      inference batches by rows or by token budget; device.py: eval device and precision
     long_attention.py  sliding-window layers without a dense T x T mask at inference
-    export.py        an EmbeddingModel as a sentence-transformers folder carrying landmark/'s files; load_exported
+    st_folder.py     an EmbeddingModel as a sentence-transformers folder carrying landmark/'s files; load_exported
     loading.py       any model reference (run folder, export, .ckpt, HF encoder) -> EmbeddingModel
     modernbert_tokenizer.py  an offline tokenizer that behaves like ModernBERT's (rehearsal)
 """

@@ -2,7 +2,7 @@
 
     results.py  <run_dir>/results.json (merged, atomic), config hash, git commit, timings
     environment.py  requirements.lock: its hash and what the installed environment differs in (results.json)
-    files.py    atomic JSON writes, umask-following permissions, the lmk cache folder
+    umask_files.py  atomic JSON writes, umask-following permissions, the lmk cache folder
     lock.py     one live owner per run folder (run.lock), finished-folder reuse
     scheduler.py  what SLURM says of a job (alive, dead, unknown: never "nothing visible" read as dead)
     checkpoint_dir.py  a run folder's checkpoint files, torch-free (moving them aside, interrupted saves)
