@@ -29,4 +29,4 @@ __all__, __getattr__ = interface(__name__, {
     "lmk.sweep.spec": ("Scale", "SpecError", "load_spec", "validate_spec"),
     "lmk.sweep.table_renderer": ("MixedResultsError", "aggregate", "table_commits"),
     "lmk.sweep.wandb_table": ("log_row_summaries", "log_table", "sweep_wandb"),
-}, modules=("authors", "rows", "scale_artifacts", "table_renderer"))
+}, modules=("authors", "pinned", "rows", "scale_artifacts", "table_renderer"))

@@ -28,14 +28,16 @@ from typing import Any
 
 # public name -> the module that defines it (a module's own name: the module itself)
 _DEFINED_IN = {
-    "CONFIG_FILE": "landmark_transformer", "legacy_config": "legacy_config",
-    "LandmarkTransformer": "landmark_transformer", "set_rope": "landmark_transformer",
+    "CONFIG_FILE": "landmark_transformer", "legacy_config": "legacy_config", "names": "names",
+    "LandmarkTransformer": "landmark_transformer", "read_settings": "landmark_transformer",
+    "set_rope": "landmark_transformer",
     "LatentAttentionPooling": "latent_attention", "STRATEGY_TRAITS": "layouts", "rows_and_local": "layouts",
     "guard_padded_rows": "sliding_window_guard", "has_sliding_window": "sliding_window_guard",
     "no_empty_rows": "sliding_window_guard",
     "POOLERS": "poolers", "CLSPooling": "poolers", "LMKPooling": "poolers", "MeanPooling": "poolers",
     "Pooler": "poolers", "build_pooler": "poolers", "masked_mean": "poolers", "register_pooler": "poolers",
-    "multilingual_backend": "sentences", "split_sentences": "sentences", "koehn_splitter": "koehn_splitter",
+    "check_splitter": "sentences", "multilingual_backend": "sentences", "split_sentences": "sentences",
+    "koehn_splitter": "koehn_splitter",
     "STRATEGIES": "tokenization", "LandmarkTokenizer": "tokenization",
 }
 __all__ = sorted(_DEFINED_IN)
@@ -50,6 +52,8 @@ def load_all() -> None:
 def __getattr__(name: str) -> Any:
     if name not in _DEFINED_IN:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if name == _DEFINED_IN[name]:  # a module used as a namespace loads alone: `names` stays torch-free
+        return importlib.import_module(f"{__name__}.{name}")
     load_all()
     module = importlib.import_module(f"{__name__}.{_DEFINED_IN[name]}")
-    return module if name == _DEFINED_IN[name] else getattr(module, name)
+    return getattr(module, name)
