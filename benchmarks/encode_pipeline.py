@@ -43,7 +43,7 @@ def pre_batched(model: Any, texts: list[str], max_length: int, max_tokens: int
     plan = token_budget_batches(model.token_lengths(texts, max_length=max_length), max_tokens)
     out = []
     for idx in plan:
-        feats = model.tokenizer([texts[i] for i in idx], max_length=max_length)
+        feats = model.landmark_tokenizer([texts[i] for i in idx], max_length=max_length)
         unpadded = len(idx) == 1 and bool(feats["attention_mask"].all())
         out.append(({k: v.to(model.device) for k, v in feats.items()}, unpadded))
     return out

@@ -122,7 +122,7 @@ def paper_batch(model: Any, cfg: Any) -> dict[str, Any]:
                  "passages": [words(2 * d.passage_max_length, 1000 * i + j) for j in range(d.group_size)],
                  "scores": [float(d.group_size - j) for j in range(d.group_size)]}
                 for i in range(d.batch_size)]
-    batch = PairCollator(model.tokenizer, d.query_max_length, d.passage_max_length)(examples)
+    batch = PairCollator(model.landmark_tokenizer, d.query_max_length, d.passage_max_length)(examples)
     assert isinstance(batch["teacher_scores"], torch.Tensor)
     return batch
 

@@ -1,8 +1,8 @@
 """Landmark (LMK) pooling for dense embeddings.
 
 `interface` is how each package names what other packages, the tests, benchmarks and notebooks may import from
-it: in its `__init__.py`, `__all__, __getattr__ = interface(__name__, {"lmk.run.files": ("write_json", ...)},
-modules=("results",))`. `from lmk.run import write_json` then loads only lmk.run.files (PEP 562), so a torch-free
+it: in its `__init__.py`, `__all__, __getattr__ = interface(__name__, {"lmk.run.umask_files": ("write_json", ...)},
+modules=("results",))`. `from lmk.run import write_json` then loads only lmk.run.umask_files (PEP 562), so a torch-free
 layer stays torch-free; `modules` are modules used as namespaces (`from lmk.hub import mirror`).
 tests/test_interface.py checks every such import against `__all__`."""
 

@@ -4,8 +4,8 @@ Also the stable import path of lmk's sentence-transformers modules: folders writ
 `lmk.export.LandmarkTransformer` / `lmk.export.LandmarkPooling` in their modules.json.
 """
 
-from lmk.model.export import LegacyExportPooling, export_sentence_transformers, load_exported
 from lmk.model.landmark import LandmarkTransformer
+from lmk.model.st_folder import LegacyExportPooling, export_sentence_transformers, load_exported
 
 LandmarkPooling = LegacyExportPooling  # the name old folders' modules.json gives (not the LMK pooler: LMKPooling)
 __all__ = ["LandmarkPooling", "LandmarkTransformer", "export_sentence_transformers", "load_exported"]

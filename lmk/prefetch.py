@@ -1,9 +1,9 @@
-"""`python -m lmk.prefetch`: the command is `lmk.sweep.prefetch`."""
+"""`python -m lmk.prefetch`: the command is `lmk.sweep.scale_artifacts` (the artifacts of a scale's jobs)."""
 
 if __name__ == "__main__":
     import sys
 
     from lmk.run.cli import guard
-    from lmk.sweep.prefetch import main
+    from lmk.sweep.scale_artifacts import main
 
     sys.exit(guard(main)())  # a user error: what is wrong and the fix, exit 2

@@ -35,7 +35,7 @@ def _batch(model: EmbeddingModel) -> dict:
     rows = [{"query": f"what about {t}?", "key": (0, i),
              "passages": [f"{t.capitalize()} are discussed here at some length. " * 3, f"A note on {TOPICS[i - 1]}."]}
             for i, t in enumerate(TOPICS)]
-    return PairCollator(model.tokenizer, query_max_length=16, passage_max_length=40)(rows)
+    return PairCollator(model.landmark_tokenizer, query_max_length=16, passage_max_length=40)(rows)
 
 
 def _loss_and_grads(checkpointing: bool, grad_cache: bool) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

@@ -19,7 +19,7 @@ from lmk.config.paths import repo_root
 from lmk.export import export_sentence_transformers
 from lmk.model.embedding import EmbeddingModel
 from lmk.sweep import pinned
-from lmk.sweep.prefetch import scale_artifacts
+from lmk.sweep.scale_artifacts import scale_artifacts
 
 REPO = repo_root()
 SPEC = REPO / "experiments" / "table2" / "spec.yaml"

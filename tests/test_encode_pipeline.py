@@ -77,7 +77,7 @@ def _unpipelined(model: EmbeddingModel, texts: list[str], batch_size: int, max_t
     out = np.empty((len(texts), model.hidden_size), np.float32)
     with torch.inference_mode():
         for idx in plan:
-            feats = model.tokenizer([texts[i] for i in idx], max_length=BUDGET)
+            feats = model.landmark_tokenizer([texts[i] for i in idx], max_length=BUDGET)
             out[idx] = model._embed(feats, "fp32").numpy()
     return out
 
@@ -158,7 +158,7 @@ class _Counting(LandmarkTokenizer):
 
 
 def _with_tokenizer(model: EmbeddingModel, cls: type[LandmarkTokenizer]) -> EmbeddingModel:
-    tok = cls.from_config(model.hf_tokenizer, model.tokenizer.config())
+    tok = cls.from_config(model.tokenizer, model.landmark_tokenizer.config())
     return EmbeddingModel(model.backbone, tok, model.pooler, passage_max_length=BUDGET).eval()
 
 
@@ -224,7 +224,7 @@ def test_a_killed_worker_is_one_error_naming_its_texts_not_a_hang(base, max_toke
 def test_a_nan_embedding_names_its_text_index_and_id(base):
     model = EmbeddingModel.build(base.encoder_cfg, base.pooling_cfg, passage_max_length=BUDGET).eval()
     planted = "zebra"
-    token = model.hf_tokenizer(planted, add_special_tokens=False)["input_ids"][0]
+    token = model.tokenizer(planted, add_special_tokens=False)["input_ids"][0]
     with torch.no_grad():
         model.backbone.get_input_embeddings().weight[token] = float("nan")
     texts = ["a plain text", "another one", f"the {planted} text", "last"]

@@ -37,8 +37,8 @@ def plain_modernbert(tmp_path_factory) -> tuple[Path, EmbeddingModel]:
     m = EmbeddingModel.build(OmegaConf.load(CONF / "encoder" / "tiny-modernbert.yaml"), pool("lmk-fixed"))
     folder = tmp_path_factory.mktemp("plain") / "tiny-modernbert-plain"
     m.backbone.save_pretrained(folder)
-    m.hf_tokenizer.save_pretrained(folder)
-    assert not (folder / "lmk_config.json").exists() and not (folder / "modules.json").exists()
+    m.tokenizer.save_pretrained(folder)
+    assert not (folder / "embedding_model.json").exists() and not (folder / "modules.json").exists()
     return folder, m
 
 

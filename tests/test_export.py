@@ -21,8 +21,8 @@ from sentence_transformers import SentenceTransformer
 from lmk.config import registry
 from lmk.export import LandmarkTransformer, export_sentence_transformers, load_exported
 from lmk.model.embedding import EmbeddingModel
-from lmk.model.export import code_files
 from lmk.model.landmark import Pooler
+from lmk.model.st_folder import code_files
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
@@ -96,7 +96,7 @@ def test_export_embeds_as_lmk(exports, case) -> None:
 
     back = load_exported(path)
     assert isinstance(back.pooler, Pooler) and type(back.pooler) is type(model.pooler)
-    assert back.name == model.name and back.tokenizer.config() == model.tokenizer.config()
+    assert back.name == model.name and back.landmark_tokenizer.config() == model.landmark_tokenizer.config()
     np.testing.assert_allclose(back.encode(TEXTS), ref, atol=1e-6)
     assert back.fingerprint() == model.fingerprint()
 
@@ -141,7 +141,7 @@ def test_export_needs_trust_remote_code(exports):
 def test_export_max_seq_length_and_landmarks(tmp_path):
     m = build({"name": "f", "strategy": "fixed", "pooler": "lmk", "chunk_size": 8},
               OmegaConf.load(CONF / "encoder" / "minilm-l6.yaml"))
-    path = export_sentence_transformers(m, tmp_path / "st", max_seq_length=128)
+    path = export_sentence_transformers(m, tmp_path / "st", max_length=128)
     st = SentenceTransformer(str(path), trust_remote_code=True, device="cpu")
     assert st.max_seq_length == 128
     settings = json.loads((path / "landmark_config.json").read_text())

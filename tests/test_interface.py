@@ -2,7 +2,7 @@
 
 The rule (docs/architecture.md, "Interfaces"): code outside a package (a module of another lmk package, tests/,
 benchmarks/, experiments/, notebooks/, hydra_plugins/) imports from it only names its `__all__` lists, by either
-path: `from lmk.run import write_json` or `from lmk.run.files import write_json`. A name there may be a module
+path: `from lmk.run import write_json` or `from lmk.run.umask_files import write_json`. A name there may be a module
 (`from lmk.hub import mirror`: a module used as a namespace); such a public module's names without a leading
 underscore are interface too (`from lmk.hub.mirror import apply_mirror`). A subpackage is a package of its own
 (lmk.model.landmark, lmk.sweep.cost); a command module at the top (lmk/export.py) is one too, with its own
@@ -115,12 +115,12 @@ def test_every_exported_name_resolves(unit):
 
 
 def test_the_checker_sees_a_name_outside_the_interface():
-    text = ("from lmk.run.files import _private\nfrom lmk.run import nothing_exported\nimport lmk.hub.offline\n"
+    text = ("from lmk.run.umask_files import _private\nfrom lmk.run import nothing_exported\nimport lmk.hub.offline\n"
             "from lmk.hub.mirror import _inside\n")
     found = [c for _, module, name in imports(text) for c in crossings(None, module, name)]
-    assert found == [("lmk.run", "_private", "files"), ("lmk.run", "nothing_exported", None),
+    assert found == [("lmk.run", "_private", "umask_files"), ("lmk.run", "nothing_exported", None),
                      ("lmk.hub", "offline", None), ("lmk.hub", "_inside", "mirror")]
     assert not any(allowed(*c) for c in found)
     assert allowed("lmk.hub", "apply_mirror", "mirror")  # a public module's public name
-    assert crossings("lmk.run", "lmk.run.files", "_private") == []  # inside its own package: free
+    assert crossings("lmk.run", "lmk.run.umask_files", "_private") == []  # inside its own package: free
     assert crossings(None, "lmk", "analysis") == []  # a package itself

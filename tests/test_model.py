@@ -16,6 +16,7 @@ from omegaconf import OmegaConf
 from lmk.config.model import EncoderConfig, PoolingConfig
 from lmk.model.backbone import load_backbone
 from lmk.model.embedding import EmbeddingModel
+from lmk.model.loading import load_model
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 POOLINGS = POOLING_CONFIGS  # every conf/pooling option: a new one is built and encoded here by itself
@@ -174,7 +175,7 @@ def test_long_text_tokenizes_without_warning(minilm, caplog):
         assert len(tok(long_text)["input_ids"]) == 2002  # under the 8192 budget: no "indexing errors" warning
         minilm.encode([long_text], max_length=8192)  # clamped to 512 by the model, not by a warning
     assert "longer than the specified maximum" not in caplog.text
-    assert minilm.hf_tokenizer.model_max_length == 512
+    assert minilm.tokenizer.model_max_length == 512
 
 
 # ------------------------------------------------------------------------------------ embeddings
@@ -316,10 +317,21 @@ def test_save_load_exact(base_model, tmp_path):
     m = base_model.with_pooling(pool_cfg("lmk-variable", chunk_size=8))
     m.save_pretrained(tmp_path / "m")
     r = EmbeddingModel.from_pretrained(tmp_path / "m")
-    assert r.name == m.name and r.tokenizer.config() == m.tokenizer.config()
+    assert r.name == m.name and r.landmark_tokenizer.config() == m.landmark_tokenizer.config()
     assert (r.query_max_length, r.passage_max_length) == (m.query_max_length, m.passage_max_length)
     assert np.array_equal(r.encode(TEXTS), m.encode(TEXTS))
     assert r.fingerprint() == m.fingerprint()
+
+
+def test_a_folder_saved_under_the_legacy_name_still_loads(base_model, tmp_path):
+    """save_pretrained wrote lmk_config.json before embedding_model.json: both loaders still read such a folder."""
+    m = base_model.with_pooling(pool_cfg("lmk-fixed", chunk_size=8))
+    m.save_pretrained(tmp_path / "m")
+    (tmp_path / "m" / "embedding_model.json").rename(tmp_path / "m" / "lmk_config.json")
+    r = EmbeddingModel.from_pretrained(tmp_path / "m")
+    assert np.array_equal(r.encode(TEXTS), m.encode(TEXTS)) and r.fingerprint() == m.fingerprint()
+    loaded, info = load_model(tmp_path / "m")
+    assert info["kind"] == "pretrained" and loaded.fingerprint() == m.fingerprint()
 
 
 def test_fingerprint_tracks_weights_and_config(minilm):

@@ -62,7 +62,7 @@ def build_model(encoder: dict = TINY, pooling: str = "lmk-fixed") -> EmbeddingMo
 
 
 def loader(model: EmbeddingModel, n: int = 8, batch: int = 4, group: int = 2) -> DataLoader:
-    collate = PairCollator(model.tokenizer, query_max_length=16, passage_max_length=32)
+    collate = PairCollator(model.landmark_tokenizer, query_max_length=16, passage_max_length=32)
     return DataLoader(examples(n, group), batch_size=batch, shuffle=False, collate_fn=collate)
 
 

@@ -17,7 +17,7 @@ from lmk.hub import artifacts, mirror
 from lmk.hub import fetch as hub_fetch
 from lmk.hub.artifacts import Artifact, MissingArtifactsError, check_available, required_artifacts
 from lmk.hub.offline import is_hub_id
-from lmk.sweep import prefetch as prefetch_cmd
+from lmk.sweep import scale_artifacts as prefetch_cmd
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC = str(ROOT / "experiments" / "table2" / "spec.yaml")

@@ -17,8 +17,8 @@ import yaml
 from hub_server import HubServer
 
 from lmk.model.embedding import EmbeddingModel
-from lmk.model.export import export_sentence_transformers
 from lmk.model.loading import load_model
+from lmk.model.st_folder import export_sentence_transformers
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKEN = "hf_stand_in_write_token"

@@ -88,7 +88,7 @@ def test_sweep_writes_missing_replicas_into_the_scales_mirror_once(tmp_path):
 
 def test_prefetch_of_the_rehearsal_writes_its_replicas_and_downloads_nothing(tmp_path):
     from lmk.hub import mirror
-    from lmk.sweep.prefetch import main
+    from lmk.sweep.scale_artifacts import main
 
     assert main(["experiments/table2/spec.yaml", "--scale", "rehearsal", "--mirror", str(tmp_path / "m"),
                  "--dry-run"]) == 0

@@ -43,7 +43,7 @@ def _rope_zeroed(backbone) -> bool:
 
 
 def test_rope_off_survives_save_reload_and_export(tmp_path):
-    """The zeroed buffers are not in the saved weights: both loaders reapply the switch from lmk_config.json."""
+    """The zeroed buffers are not in the saved weights: both loaders reapply the switch from embedding_model.json."""
     from lmk.export import export_sentence_transformers, load_exported
 
     pooling = {"name": "mean", "strategy": "none", "pooler": "mean"}

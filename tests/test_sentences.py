@@ -1,4 +1,4 @@
-"""lmk.model.landmark.koehn: the Koehn & Schroeder splitter of the `sentence-splitter` package, compiled once. Its sentences
+"""lmk.model.landmark.koehn_splitter: the Koehn & Schroeder splitter of the `sentence-splitter` package, compiled once. Its sentences
 equal the package's on real prose (CPython's pydoc topics: paragraphs, code, lists) and on generated texts built
 from the characters its rules look at; its non-breaking prefixes equal the package's for every language."""
 
@@ -11,9 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sentence_splitter import SentenceSplitter
 
-from lmk.config.model import koehn_languages
-from lmk.model.landmark import koehn
-from lmk.model.landmark.sentences import split_sentences
+from lmk.config.model import koehn_languages, validate_splitter
+from lmk.model.landmark import koehn_splitter as koehn
+from lmk.model.landmark.sentences import check_splitter, split_sentences
 
 # what the rules test: breaks (?!. and runs of dots), quotes and brackets, initial/final punctuation, upper case and
 # other letters, digits, honorifics and numeric-only prefixes, acronyms, spaces and newlines
@@ -53,6 +53,23 @@ def test_non_breaking_prefixes_equal_the_package(language: str) -> None:
     kinds = {SentenceSplitter.PrefixType.DEFAULT: koehn.DEFAULT, SentenceSplitter.PrefixType.NUMERIC_ONLY:
              koehn.NUMERIC_ONLY}
     assert koehn.non_breaking_prefixes(language) == {p: kinds[k] for p, k in theirs.items()}
+
+
+def test_config_time_and_run_time_splitter_checks_agree() -> None:
+    """lmk.config cannot import the landmark package: its validate_splitter repeats sentences.check_splitter's
+    config-time part, so both must accept and refuse the same choices with the same message."""
+    assert koehn_languages() == koehn.languages()
+    for splitter, language in [("koehn", "en"), ("koehn", "zh"), ("nltk", "en"), ("koehn", ""), ("koehn", None),
+                               ("multilingual", "zh")]:
+        answers = []
+        for check in (validate_splitter, check_splitter):
+            try:
+                check(splitter, language)
+                answers.append(None)
+            except ValueError as err:
+                answers.append(str(err))
+        assert answers[0] == answers[1], (splitter, language)
+    assert answers == [None, None]  # the last pair is valid for both
 
 
 def test_numeric_prefixes_and_honorifics_follow_the_language() -> None:

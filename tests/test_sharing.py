@@ -25,7 +25,7 @@ import lmk.eval.command as evaluate
 from lmk.config import ConfigError
 from lmk.eval.publish import PublishError, write_folder
 from lmk.eval.tasks import LOCAL_TASK_CLASSES
-from lmk.model.export import ExportFolderError, load_exported
+from lmk.model.st_folder import ExportFolderError, load_exported
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"

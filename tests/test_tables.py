@@ -14,7 +14,7 @@ from wandb.proto import wandb_internal_pb2
 
 from lmk.run.results import update_results
 from lmk.sweep.spec import SpecError, load_spec, validate_spec
-from lmk.sweep.tables import MixedResultsError, aggregate, table_commits
+from lmk.sweep.table_renderer import MixedResultsError, aggregate, table_commits
 from lmk.sweep.wandb_table import log_row_summaries, log_table, sweep_wandb
 
 SPEC = {

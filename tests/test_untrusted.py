@@ -21,8 +21,8 @@ from omegaconf import OmegaConf
 from lmk.eval.command import validate_config
 from lmk.model.checkpoint import CheckpointRefused
 from lmk.model.embedding import EmbeddingModel
-from lmk.model.export import code_files, export_sentence_transformers, load_exported
 from lmk.model.loading import load_model
+from lmk.model.st_folder import code_files, export_sentence_transformers, load_exported
 from lmk.train.checkpoints import newest_valid, resume_point
 
 ENCODER = {"name": "tiny-untrusted", "source": "random", "architecture": "modernbert",
@@ -84,13 +84,13 @@ def test_an_export_runs_none_of_its_code(model, tmp_path) -> None:
 
 
 def test_a_folders_trust_flag_is_not_permission(model, tmp_path) -> None:
-    """A save_pretrained folder whose lmk_config.json says trust_remote_code: true and whose config.json names its
+    """A save_pretrained folder whose embedding_model.json says trust_remote_code: true and whose config.json names its
     own code: that code runs only when the caller passes trust_remote_code=True."""
     folder = tmp_path / "pretrained"
     model.save_pretrained(folder)
-    config = json.loads((folder / "lmk_config.json").read_text())
+    config = json.loads((folder / "embedding_model.json").read_text())
     config["encoder"]["trust_remote_code"] = True
-    (folder / "lmk_config.json").write_text(json.dumps(config))
+    (folder / "embedding_model.json").write_text(json.dumps(config))
     marker = tmp_path / "ran"
     _plant_auto_map(folder, marker)
     back, info = load_model(folder)

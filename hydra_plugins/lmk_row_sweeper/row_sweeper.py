@@ -40,8 +40,8 @@ from lmk.run import lock as run_lock
 from lmk.run.checkpoint_dir import candidates, move_aside
 from lmk.run.cli import error_line
 from lmk.run.console import verbose
-from lmk.run.files import write_json
 from lmk.run.results import Results, config_hash_of, update_results
+from lmk.run.umask_files import write_json
 from lmk.sweep import rows as row_rules
 from lmk.sweep.jobs import job_id, job_overrides
 from lmk.sweep.report import print_line, quiet_launcher, result_line, start_line

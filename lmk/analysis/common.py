@@ -1,4 +1,4 @@
-"""Helpers the probes share: argument checks, bin centres, a model's device and token budget."""
+"""Helpers the probes share: argument checks, bin centres, a model's device and max_length."""
 
 from __future__ import annotations
 

@@ -17,12 +17,12 @@ if TYPE_CHECKING:  # imported lazily at run time: analysis sits above model / da
 
 def _visible_words(model: EmbeddingModel, words: list[str], max_length: int) -> int:
     """How many leading words survive the model's truncation at `max_length` (all if it cannot tell)."""
-    tok = model.tokenizer
+    tok = model.landmark_tokenizer
     feats = model.tokenize([" ".join(words)], side="passage", max_length=max_length)
     ids = feats["input_ids"][0][feats["attention_mask"][0].bool()]
     special = torch.tensor([tok.cls_id, tok.landmark_id, tok.pad_id], device=ids.device)
     n_content = int((~torch.isin(ids, special)).sum())
-    hf = getattr(tok, "tokenizer", None)
+    hf = model.tokenizer
     try:
         enc = hf(words, is_split_into_words=True, add_special_tokens=False, verbose=False)
         word_ids = enc.word_ids()

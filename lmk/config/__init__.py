@@ -19,7 +19,7 @@ from lmk.config import registry
 from lmk.config.data import LOCAL_SOURCE, REPLICA_PREFIX, DataConfig, SourceConfig, is_named_source
 from lmk.config.device import check_device, check_precision
 from lmk.config.eval import LENGTHS, EvalConfig, EvalConfigError
-from lmk.config.model import EncoderConfig, PoolingConfig, koehn_languages
+from lmk.config.model import EncoderConfig, PoolingConfig, koehn_languages, validate_splitter
 from lmk.config.paths import in_repo, repo_root
 from lmk.config.root import (
     CKPT_AUTO,
@@ -37,6 +37,8 @@ from lmk.config.schema import (
     UserError,
     above,
     at_least,
+    call_arguments,
+    choice,
     get_key,
     is_user_error,
     plain,
@@ -46,7 +48,8 @@ from lmk.config.schema import (
 __all__ = [
     "CKPT_AUTO", "CKPT_FRESH", "CONF_DIR", "LENGTHS", "LOCAL_SOURCE", "REPLICA_PREFIX", "Coercible",
     "ConfigError", "DataConfig", "EncoderConfig", "EvalConfig", "EvalConfigError", "PoolingConfig",
-    "RootConfig", "SourceConfig", "TrainSection", "UserError", "above", "at_least", "check_device",
-    "check_precision", "derive_seeds", "effective_batch", "get_key", "in_repo", "is_named_source",
-    "is_user_error", "koehn_languages", "plain", "registry", "repo_root", "to_container", "validate",
+    "RootConfig", "SourceConfig", "TrainSection", "UserError", "above", "at_least", "call_arguments",
+    "check_device", "check_precision", "choice", "derive_seeds", "effective_batch", "get_key", "in_repo",
+    "is_named_source", "is_user_error", "koehn_languages", "plain", "registry", "repo_root", "to_container",
+    "validate", "validate_splitter",
 ]

@@ -31,8 +31,11 @@ def koehn_languages() -> tuple[str, ...]:
     return tuple(sorted(p.name.removesuffix(".txt") for p in folder.iterdir() if p.name.endswith(".txt")))
 
 
-def check_splitter(splitter: str, language: str) -> None:
-    """Raise a ValueError naming the fix when `splitter` cannot split `language`."""
+def validate_splitter(splitter: str, language: str) -> None:
+    """A pooling config's splitter and language, checked before compute (torch-free): the config-time half of
+    `lmk.model.landmark.sentences.check_splitter`, which the tokenizer runs with the model's prefix folder and
+    installed packages and which this layer may not import; tests/test_sentences.py holds the two to the same
+    answers. Raises a ConfigError naming the fix."""
     if splitter not in SPLITTERS:
         raise ConfigError(f"unknown sentence splitter {splitter!r}; allowed: {', '.join(SPLITTERS)}")
     if not isinstance(language, str) or not language:
@@ -159,7 +162,7 @@ class PoolingConfig(Coercible):
             )
         self.check_fields()
         if not self.train_chunk_sizes or not all(
-            isinstance(g, int) and not isinstance(g, bool) and g >= 1 for g in self.train_chunk_sizes
+            isinstance(size, int) and not isinstance(size, bool) and size >= 1 for size in self.train_chunk_sizes
         ):
             raise ConfigError(
                 f"{n}.train_chunk_sizes={self.train_chunk_sizes!r} must be a non-empty list of positive ints "
@@ -167,7 +170,7 @@ class PoolingConfig(Coercible):
             )
         if self.strategy == "sentence":
             try:
-                check_splitter(self.sentence_splitter, self.language)
+                validate_splitter(self.sentence_splitter, self.language)
             except ValueError as err:
                 raise ConfigError(f"{n}(name={self.name!r}): {err}") from None
 

@@ -24,7 +24,7 @@ class PairCollator:
 
     def __init__(self, tokenizer: Any, query_max_length: int = 128, passage_max_length: int = 512) -> None:
         if tokenizer is None:
-            raise ValueError("PairCollator needs a tokenizer (a LandmarkTokenizer, e.g. model.tokenizer)")
+            raise ValueError("PairCollator needs a tokenizer (a LandmarkTokenizer, e.g. model.landmark_tokenizer)")
         for key, value in (("query_max_length", query_max_length), ("passage_max_length", passage_max_length)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 2:
                 raise ValueError(f"PairCollator {key}={value!r} is not valid; allowed values: an integer >= 2")

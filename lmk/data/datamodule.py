@@ -154,7 +154,7 @@ class PairDataModule(L.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         if self.collator is None:
             raise ValueError(
-                "PairDataModule has no tokenizer/collator; pass tokenizer= (instantiate(cfg.data, tokenizer=model.tokenizer))"
+                "PairDataModule has no tokenizer/collator; pass tokenizer= (instantiate(cfg.data, tokenizer=model.landmark_tokenizer))"
             )
         if self.train_set is None:
             self.setup("fit")

@@ -37,7 +37,7 @@ from filelock import FileLock
 from lmk.config.schema import UserError
 from lmk.data.retrieval import RetrievalCorpus
 from lmk.hub.offline import hub_offline
-from lmk.run.files import follow_umask, write_json
+from lmk.run.umask_files import follow_umask, write_json
 
 BGE_FULL_DATA_ID = "cfli/bge-full-data"
 LONGEMBED_ID = "dwzhu/LongEmbed"

@@ -122,12 +122,12 @@ def _names(n: int, rng: np.random.Generator) -> list[str]:
     return [names[int(i)] for i in rng.choice(len(names), size=n, replace=False)]
 
 
-def passkey_document(name: str, key: int, budget: int, rng: np.random.Generator) -> tuple[str, float]:
-    """Filler sentences (whole ones, cycled) around the pass-key line, at most `budget` words."""
+def passkey_document(name: str, key: int, max_words: int, rng: np.random.Generator) -> tuple[str, float]:
+    """Filler sentences (whole ones, cycled) around the pass-key line, at most `max_words` words."""
     needle = PASSKEY_LINE.format(name=name, key=key).split()
-    room = budget - len(needle)
+    room = max_words - len(needle)
     if room < 0:
-        raise ValueError(f"a word budget of {budget} cannot hold the pass-key line ({len(needle)} words)")
+        raise ValueError(f"a word budget of {max_words} cannot hold the pass-key line ({len(needle)} words)")
     words: list[str] = []
     boundaries = [0]
     i = 0
@@ -180,17 +180,17 @@ def background_words() -> tuple[tuple[str, ...], np.ndarray]:
     return words, np.concatenate([[0], ends])
 
 
-def needle_document(fact: str, budget: int, rng: np.random.Generator) -> tuple[str, float]:
-    """The beginning of the background, cut so that it and `fact` fill `budget` words, with `fact`
+def needle_document(fact: str, max_words: int, rng: np.random.Generator) -> tuple[str, float]:
+    """The beginning of the background, cut so that it and `fact` fill `max_words` words, with `fact`
     inserted at a random sentence boundary."""
     words, ends = background_words()
     needle = fact.split()
-    room = budget - len(needle)
+    room = max_words - len(needle)
     if room < 0:
-        raise ValueError(f"a word budget of {budget} cannot hold the fact ({len(needle)} words)")
+        raise ValueError(f"a word budget of {max_words} cannot hold the fact ({len(needle)} words)")
     if room > len(words):
         raise ValueError(
-            f"a word budget of {budget} needs {room} background words but lmk/resources/needle_essays.txt "
+            f"a word budget of {max_words} needs {room} background words but lmk/resources/needle_essays.txt "
             f"has {len(words)}; allowed: lengths up to {4 * (len(words) + len(needle)) // 3} (or add text)"
         )
     boundaries = ends[ends <= room].tolist()

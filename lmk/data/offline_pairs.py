@@ -44,7 +44,7 @@ import pyarrow.parquet as pq
 
 from lmk.data.hub import bge_features, check_built_folder, ensure_built_folder
 from lmk.data.retrieval import RetrievalCorpus
-from lmk.run.files import cache_root
+from lmk.run.umask_files import cache_root
 
 log = logging.getLogger(__name__)
 

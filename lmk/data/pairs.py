@@ -39,7 +39,7 @@ import pyarrow.parquet as pq
 from lmk.config.data import LOCAL_SOURCE, REPLICA_PREFIX, SourceConfig
 from lmk.config.schema import UserError
 from lmk.data import offline_pairs, replica
-from lmk.run.files import write_json
+from lmk.run.umask_files import write_json
 
 log = logging.getLogger(__name__)
 

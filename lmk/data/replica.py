@@ -31,7 +31,7 @@ import numpy as np
 
 from lmk.data.hub import BGE_FULL_DATA_ID, ensure_built_folder
 from lmk.data.offline_pairs import load_offline_pairs, offline_fingerprint
-from lmk.run.files import cache_root
+from lmk.run.umask_files import cache_root
 
 REPLICA_VERSION = 1
 # Subset -> parquet shards; the first two are cut in two as the hub repo cuts its large subsets.

@@ -19,7 +19,7 @@ from lmk import interface
 
 __all__, __getattr__ = interface(__name__, {
     "lmk.eval.callback": ("EvalCallback", "build_eval_callback"),
-    "lmk.eval.card": ("TableRow", "card_row"),
+    "lmk.eval.card": ("TableRow", "card_row", "eval_results"),
     "lmk.eval.command": ("cli", "validate_config"),
     "lmk.eval.encoder": ("LmkEncoder",),
     "lmk.eval.mteb_model": ("load_model", "model_meta", "n_parameters", "save_results"),

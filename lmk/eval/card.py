@@ -18,7 +18,7 @@ from huggingface_hub import EvalResult, ModelCardData
 
 from lmk.eval.mteb_model import PAPER
 from lmk.eval.tasks import LOCAL_TASK_CLASSES
-from lmk.model.export import needed_packages
+from lmk.model.st_folder import needed_packages
 from lmk.run.results import Results
 
 if TYPE_CHECKING:
@@ -98,7 +98,7 @@ def _metadata(meta: ModelMeta, results: Results, task_results: list[TaskResult])
 
 
 def _pooling(model: EmbeddingModel) -> str:
-    tok, pool = model.tokenizer, model.pooling_cfg
+    tok, pool = model.landmark_tokenizer, model.pooling_cfg
     lines = [f"- pooling `{pool.label if pool else '?'}`: strategy `{tok.strategy}`, pooler "
              f"(pooling mode) `{pool.pooler if pool else type(model.pooler).__name__}`"]
     if tok.strategy == "none":
@@ -166,7 +166,7 @@ def _usage(source: str, meta: ModelMeta, model: EmbeddingModel, length: int) -> 
 `trust_remote_code=True` (read the folder's `.py` files first). Texts are cut to {length} tokens after landmark
 insertion (`model.max_seq_length`, stored in `landmark_config.json`), {scored}. `lmk.export.load_exported` reads
 the same length, so lmk and sentence-transformers give the same embeddings.
-{needed_packages(model.tokenizer)}
+{needed_packages(model.landmark_tokenizer)}
 
 ```python
 from sentence_transformers import SentenceTransformer
@@ -190,7 +190,7 @@ results = mteb.evaluate(model, mteb.get_tasks(tasks=["SciFact"]))
 def _what(model: EmbeddingModel, evaluated: bool) -> str:
     pool = model.pooling_cfg
     label = pool.label if pool else model.name
-    kind = "it pools with landmarks" if model.tokenizer.strategy != "none" else \
+    kind = "it pools with landmarks" if model.landmark_tokenizer.strategy != "none" else \
         "one of the paper's comparison rows, without landmarks"
     done = "fine-tuned and evaluated" if evaluated else "fine-tuned (not evaluated)"
     return f"This model was {done} with `lmk`, which reproduces the paper:\npooling `{label}` ({kind})."

@@ -9,7 +9,7 @@ implementations declare theirs), and its results in the layout of the MTEB resul
 under `results/` when the folder was published (name, licence, training data, ...), else what the folder says
 (name `lmk/<model name>`, embedding size, parameters, positions). Its revision is the weights fingerprint lmk gives
 every model (`EmbeddingModel.fingerprint`: equal fingerprints, equal embeddings). The loader is `load_model`: the
-folder through `lmk.model.export.load_exported` into `LmkEncoder`, the adapter `lmk.evaluate` runs, so the
+folder through `lmk.model.st_folder.load_exported` into `LmkEncoder`, the adapter `lmk.evaluate` runs, so the
 scores are lmk's at the same per-side max lengths (`query_max_length`, `passage_max_length`: loader keywords,
 recorded as mteb experiment settings by `ModelMeta.load_model`). mteb's registry lists the models mteb itself
 implements; an lmk export is loaded from its meta, as mteb loads any of them (`mteb.get_model` is that call after a
@@ -35,8 +35,8 @@ from mteb.models.model_meta import ModelMeta
 from mteb.results import TaskResult
 
 from lmk.eval.encoder import LmkEncoder
-from lmk.model.export import is_export, load_exported
-from lmk.model.landmark.landmark_transformer import CONFIG_FILE, OLD_CONFIG_FILE
+from lmk.model.landmark.landmark_transformer import read_settings
+from lmk.model.st_folder import is_export, load_exported
 
 log = logging.getLogger(__name__)
 
@@ -58,15 +58,6 @@ def local_folder(source: str | Path, hub_revision: str | None = None) -> Path:
     if path.is_absolute() or str(source).startswith((".", "~")) or str(source).count("/") != 1:
         raise FileNotFoundError(f"{source!r} is neither a model folder nor a hub id (owner/name)")
     return Path(snapshot_download(str(source), revision=hub_revision))
-
-
-def _settings(folder: Path) -> dict[str, Any]:
-    """The landmark input module's settings (its lmk description included), of any export version."""
-    if (folder / CONFIG_FILE).is_file():
-        return json.loads((folder / CONFIG_FILE).read_text())
-    old = json.loads((folder / OLD_CONFIG_FILE).read_text())  # written before the module saved its own config
-    return {"max_positions": old["max_positions"], "max_seq_length": old.get("st_max_seq_length"),
-            "lmk": {k: old.get(k) for k in ("name", "encoder", "pooling", "query_max_length", "passage_max_length")}}
 
 
 def n_parameters(folder: Path) -> int:
@@ -105,7 +96,7 @@ def model_meta(source: str | Path, *, name: str | None = None, hub_revision: str
         if name:
             fields["name"] = name
         return ModelMeta(**fields)
-    settings = _settings(folder)
+    settings = read_settings(folder)
     lmk = settings.get("lmk") or {}
     config = json.loads((folder / "config.json").read_text())
     label = "".join(c if c.isalnum() or c in "-_." else "-" for c in str(lmk.get("name") or folder.name))
@@ -135,7 +126,7 @@ def load_model(model_name: str, revision: str | None = None, device: str | None 
     if revision and revision != model.fingerprint():
         raise ValueError(f"{model_name}: revision {revision} asked for, the folder's weights are {model.fingerprint()}"
                          " (lmk's weights fingerprint); load the matching folder or revision")
-    settings = _settings(folder)
+    settings = read_settings(folder)
     default = int(settings.get("max_seq_length") or model.passage_max_length)
     scored = (settings.get("lmk") or {}).get("scored_at") or {}
     query_max_length = query_max_length or int(scored.get("query_max_length") or default)

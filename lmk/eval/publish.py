@@ -5,7 +5,7 @@ results in the results repository's layout; then, when asked, the hub.
 
 The folder (`out`, a temporary one when only pushing):
 
-    <export>                          lmk.model.export's layout (the code travels, with lmk's LICENSE);
+    <export>                          lmk.model.st_folder's layout (the code travels, with lmk's LICENSE);
                                       max_seq_length = the eval passage length (the training one when not evaluated)
     README.md                         the card (lmk.eval.card): metadata (library_name, tags, base_model, datasets,
                                       license, model-index) and the run's facts
@@ -39,8 +39,8 @@ from lmk.eval.card import TableRow, model_card
 from lmk.eval.mteb_model import FRAMEWORK, PAPER, citation, load_model, n_parameters, save_results
 from lmk.hub.push import Pushed, check_push, push_folder
 from lmk.model.backbone import package_model_path
-from lmk.model.export import export_sentence_transformers
 from lmk.model.loading import load_model as load_run_model
+from lmk.model.st_folder import export_sentence_transformers
 from lmk.run.results import STATUS_DONE, EvalRecord, Results
 
 log = logging.getLogger(__name__)
@@ -227,7 +227,7 @@ def _write(run_dir: Path, folder: Path, model: Any, results: Results, section: E
         length = min(int(section.passage_max_length or model.max_positions), model.max_positions)
         scored = {"query_max_length": min(int(section.query_max_length or length), model.max_positions),
                   "passage_max_length": length}
-    export_sentence_transformers(model, folder, max_seq_length=length, scored_at=scored)
+    export_sentence_transformers(model, folder, max_length=length, scored_at=scored)
     encoder = model.encoder_cfg
     base = base or (base_model(encoder) if encoder else None)
     license_ = license_ or (base_license(encoder) if encoder else "other")

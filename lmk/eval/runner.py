@@ -28,8 +28,8 @@ from lmk.config.eval import EvalConfig
 from lmk.eval.encoder import LmkEncoder
 from lmk.eval.scoring import group_scores, metric_key, per_query_scores, split_key, summarize_scores
 from lmk.eval.suites import build_tasks
-from lmk.run.files import write_json
 from lmk.run.loggers import quiet_progress_bars
+from lmk.run.umask_files import write_json
 
 if TYPE_CHECKING:
     from lmk.model.embedding import EmbeddingModel

@@ -28,7 +28,7 @@ from lmk.hub.artifacts import (
     locate,
 )
 from lmk.hub.offline import offline_setting
-from lmk.run.files import write_json
+from lmk.run.umask_files import write_json
 
 
 # ------------------------------------------------------------------------------------------ fetching

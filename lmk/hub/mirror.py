@@ -27,7 +27,7 @@ from typing import Any
 
 from lmk.config.data import DataConfig
 from lmk.hub.offline import is_hub_id, is_repo_id
-from lmk.run.files import write_json
+from lmk.run.umask_files import write_json
 
 ENV_VAR = "LMK_HUB_MIRROR"
 MANIFEST = "lmk_manifest.json"

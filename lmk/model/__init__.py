@@ -6,7 +6,7 @@
     embedding.py     EmbeddingModel: build, encode (batched, any device / precision), save / load
     batching.py      inference batches by rows or by token budget; device.py: eval device and precision
     long_attention.py  sliding-window layers without a dense T x T mask at inference
-    export.py        an EmbeddingModel as a sentence-transformers folder carrying landmark/'s files; load_exported
+    st_folder.py     an EmbeddingModel as a sentence-transformers folder carrying landmark/'s files; load_exported
     loading.py       any model reference (run folder, export, .ckpt, HF encoder) -> EmbeddingModel
     modernbert_tokenizer.py  an offline tokenizer that behaves like ModernBERT's (rehearsal)
 """
@@ -17,8 +17,9 @@ __all__, __getattr__ = interface(__name__, {
     "lmk.model.backbone": ("is_checkpointing", "load_backbone", "package_model_path", "shipped_config"),
     "lmk.model.batching": ("fixed_batches", "token_budget_batches"),
     "lmk.model.device": ("autocast", "resolve_device", "resolve_precision"),
+    "lmk.model.checkpoint": ("CheckpointRefused", "allowed_types", "check_checkpoint", "load_checkpoint"),
     "lmk.model.embedding": ("EmbeddingModel", "make_tokenizer"),
-    "lmk.model.export": ("CODE_DIR", "LegacyExportPooling", "code_files", "export_sentence_transformers",
+    "lmk.model.st_folder": ("CODE_DIR", "ExportFolderError", "LegacyExportPooling", "code_files", "export_sentence_transformers",
                          "is_export", "load_exported", "needed_packages"),
     "lmk.model.loading": ("load_hf_encoder", "load_model"),
     "lmk.model.long_attention": ("BLOCK", "LEAN_SDPA", "banded_attention", "guard_padded_rows",

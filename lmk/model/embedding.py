@@ -1,4 +1,8 @@
-"""EmbeddingModel = Hugging Face backbone + LandmarkTokenizer + pooler: texts -> L2-normalised vectors."""
+"""EmbeddingModel = Hugging Face backbone + LandmarkTokenizer + pooler: texts -> L2-normalised vectors.
+
+As in sentence-transformers' modules, `.tokenizer` is the Hugging Face tokenizer; the landmark tokenizer that wraps
+it (insertion, truncation, pool_mask) is `.landmark_tokenizer`.
+"""
 
 from __future__ import annotations
 
@@ -20,25 +24,26 @@ from lmk.config.model import EncoderConfig, PoolingConfig
 from lmk.model.backbone import is_checkpointing, load_backbone, set_checkpointing, set_rope
 from lmk.model.device import autocast, resolve_precision
 from lmk.model.landmark import build_pooler
-from lmk.model.landmark.padded_rows import guard_padded_rows
+from lmk.model.landmark.legacy_config import saved_config_file
+from lmk.model.landmark.sliding_window_guard import guard_padded_rows
 from lmk.model.landmark.tokenization import LandmarkTokenizer
 from lmk.model.long_attention import lean_attention
 from lmk.model.pipeline import encode_texts
-from lmk.run.files import write_json
+from lmk.run.umask_files import write_json
 
 log = logging.getLogger(__name__)
 
 SIDES = ("query", "passage")
-LMK_CONFIG_FILE = "lmk_config.json"
+MODEL_CONFIG_FILE = "embedding_model.json"  # save_pretrained's description (legacy_config reads older folders)
 POOLER_WEIGHTS_FILE = "pooler.safetensors"
 FORMAT_VERSION = 1
 # Backbone inputs the LandmarkTokenizer output may carry; pool_mask is for the pooler only.
 _BACKBONE_KEYS = ("input_ids", "attention_mask", "token_type_ids")
 
 
-def make_tokenizer(hf_tokenizer: Any, pooling: PoolingConfig, max_length: int, seed: int) -> LandmarkTokenizer:
+def make_tokenizer(tokenizer: Any, pooling: PoolingConfig, max_length: int, seed: int) -> LandmarkTokenizer:
     return LandmarkTokenizer(
-        hf_tokenizer,
+        tokenizer,
         strategy=pooling.strategy,
         chunk_size=pooling.chunk_size,
         train_chunk_sizes=tuple(pooling.train_chunk_sizes),
@@ -64,7 +69,7 @@ class EmbeddingModel(torch.nn.Module):
     def __init__(
         self,
         backbone: PreTrainedModel,
-        tokenizer: LandmarkTokenizer,
+        landmark_tokenizer: LandmarkTokenizer,
         pooler: Any,
         query_max_length: int = 128,
         passage_max_length: int = 512,
@@ -77,7 +82,7 @@ class EmbeddingModel(torch.nn.Module):
         # key, since a CUDA kernel can return NaN for a row without one and the next global layer spreads it
         guard_padded_rows(backbone)
         self.backbone = backbone
-        self.tokenizer = tokenizer
+        self.landmark_tokenizer = landmark_tokenizer
         self.pooler = pooler
         self.query_max_length = int(query_max_length)
         self.passage_max_length = int(passage_max_length)
@@ -125,7 +130,7 @@ class EmbeddingModel(torch.nn.Module):
     def with_pooling(self, pooling_cfg: Any) -> EmbeddingModel:
         """Same backbone object (shared weights), another tokenization + pooler (cross-pooling eval)."""
         pool = PoolingConfig.coerce(pooling_cfg)
-        tok = make_tokenizer(self.hf_tokenizer, pool, self.tokenizer.max_length, self.tokenizer.seed)
+        tok = make_tokenizer(self.tokenizer, pool, self.landmark_tokenizer.max_length, self.landmark_tokenizer.seed)
         pooler = build_pooler(pool.pooler, hidden_size=self.hidden_size, **pool.pooler_kwargs)
         if isinstance(pooler, torch.nn.Module):
             pooler = pooler.to(self.device)
@@ -143,8 +148,9 @@ class EmbeddingModel(torch.nn.Module):
 
     # ------------------------------------------------------------------------------- properties
     @property
-    def hf_tokenizer(self) -> Any:
-        return self.tokenizer.tokenizer
+    def tokenizer(self) -> Any:
+        """The Hugging Face tokenizer (sentence-transformers' meaning of the name)."""
+        return self.landmark_tokenizer.tokenizer
 
     @property
     def hidden_size(self) -> int:
@@ -154,7 +160,7 @@ class EmbeddingModel(torch.nn.Module):
     def max_positions(self) -> int:
         if self.encoder_cfg is not None:
             return int(self.encoder_cfg.max_positions)
-        return int(self.hf_tokenizer.model_max_length)
+        return int(self.tokenizer.model_max_length)
 
     @property
     def device(self) -> torch.device:
@@ -191,7 +197,7 @@ class EmbeddingModel(torch.nn.Module):
         self, texts: Sequence[str], side: str = "passage", train: bool = False, max_length: int | None = None
     ) -> dict[str, torch.Tensor]:
         """Landmark-tokenize texts for one side (queries and passages only differ in max length)."""
-        return self.tokenizer(texts, train=train, max_length=self._max_length(side, max_length))
+        return self.landmark_tokenizer(texts, train=train, max_length=self._max_length(side, max_length))
 
     # ---------------------------------------------------------------------------------- forward
     def token_embeddings(self, features: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -207,12 +213,13 @@ class EmbeddingModel(torch.nn.Module):
     def token_lengths(self, texts: Sequence[str], side: str = "passage", max_length: int | None = None,
                       window: int = 256) -> np.ndarray:
         """Tokens per text after landmark insertion and truncation (what a batch of it pads to)."""
-        budget = self._max_length(side, max_length)
+        max_length = self._max_length(side, max_length)
         texts = list(texts)
         out = np.zeros(len(texts), dtype=np.int64)
         # windows of texts so the padded id tensors stay small (window x longest)
         for start in range(0, len(texts), window):
-            mask = self.tokenizer(texts[start : start + window], train=False, max_length=budget)["attention_mask"]
+            mask = self.landmark_tokenizer(texts[start : start + window], train=False,
+                                           max_length=max_length)["attention_mask"]
             out[start : start + len(mask)] = mask.sum(dim=1).numpy()
         return out
 
@@ -248,7 +255,7 @@ class EmbeddingModel(torch.nn.Module):
         if max_tokens_per_batch is not None and (isinstance(max_tokens_per_batch, bool) or not isinstance(
                 max_tokens_per_batch, int) or max_tokens_per_batch < 1):
             raise ValueError(f"max_tokens_per_batch={max_tokens_per_batch!r} must be a positive int")
-        budget = self._max_length(side, max_length)
+        max_length = self._max_length(side, max_length)
         device = self.device
         precision = resolve_precision(precision, device, key="precision")
         for i, t in enumerate(texts):
@@ -258,18 +265,18 @@ class EmbeddingModel(torch.nn.Module):
         self.eval()
         try:
             out, self.truncation_count = encode_texts(
-                functools.partial(self.tokenizer, train=False, max_length=budget),
+                functools.partial(self.landmark_tokenizer, train=False, max_length=max_length),
                 functools.partial(self._embed_batch, precision=precision), texts,
-                hidden_size=self.hidden_size, budget=budget, device=device, batch_size=batch_size,
-                max_tokens_per_batch=max_tokens_per_batch, pad=(self.tokenizer.pad_id,
-                                                                self.tokenizer.padding_side == "left"),
+                hidden_size=self.hidden_size, max_length=max_length, device=device, batch_size=batch_size,
+                max_tokens_per_batch=max_tokens_per_batch, pad=(self.landmark_tokenizer.pad_id,
+                                                                self.landmark_tokenizer.padding_side == "left"),
                 workers=workers, prefetch=prefetch, progress=f"encode {side}" if show_progress else None,
             )
         finally:
             self.train(was_training)
         if self.truncation_count:
             log.info("%s: %d/%d %s texts reached max_length=%d (truncated)", self.name, self.truncation_count,
-                     len(texts), side, budget)
+                     len(texts), side, max_length)
         return out
 
     def _embed_batch(self, feats: dict[str, torch.Tensor], precision: str) -> torch.Tensor:
@@ -294,7 +301,7 @@ class EmbeddingModel(torch.nn.Module):
         return self.pooler(hidden.float(), feats["attention_mask"], feats.get("pool_mask")).float()
 
     # ------------------------------------------------------------------------------ persistence
-    def lmk_config(self) -> dict[str, Any]:
+    def config_dict(self) -> dict[str, Any]:
         """JSON-able description of everything but the weights."""
         return {
             "format_version": FORMAT_VERSION,
@@ -304,7 +311,7 @@ class EmbeddingModel(torch.nn.Module):
             "query_max_length": self.query_max_length,
             "passage_max_length": self.passage_max_length,
             "max_positions": self.max_positions,
-            "tokenizer": self.tokenizer.config(),
+            "tokenizer": self.landmark_tokenizer.config(),
             "pooler": {
                 "name": self.pooling_cfg.pooler if self.pooling_cfg is not None else type(self.pooler).__name__,
                 "kwargs": self.pooling_cfg.pooler_kwargs if self.pooling_cfg is not None else {},
@@ -313,16 +320,16 @@ class EmbeddingModel(torch.nn.Module):
         }
 
     def save_pretrained(self, path: str | os.PathLike) -> None:
-        """Backbone (HF format) + tokenizer + lmk_config.json (+ pooler weights when trainable)."""
+        """Backbone (HF format) + tokenizer + embedding_model.json (+ pooler weights when trainable)."""
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         self.backbone.save_pretrained(path)
-        self.hf_tokenizer.save_pretrained(path)
-        cfg = self.lmk_config()
+        self.tokenizer.save_pretrained(path)
+        cfg = self.config_dict()
         if cfg["pooler"]["weights"]:
             state = {k: v.detach().cpu().contiguous() for k, v in self.pooler.state_dict().items()}
             save_file(state, str(path / POOLER_WEIGHTS_FILE))
-        write_json(path / LMK_CONFIG_FILE, cfg)
+        write_json(path / MODEL_CONFIG_FILE, cfg)
 
     @classmethod
     def from_pretrained(
@@ -332,12 +339,12 @@ class EmbeddingModel(torch.nn.Module):
         """Reload a `save_pretrained` folder; `model_kwargs` go to AutoModel.from_pretrained (e.g. dtype).
 
         The backbone's own code (auto_map) runs only when the caller passes `trust_remote_code=True`: the
-        folder's lmk_config.json records the training flag, which is never read as permission."""
+        folder's embedding_model.json records the training flag, which is never read as permission."""
         path = Path(path)
-        cfg_file = path / LMK_CONFIG_FILE
-        if not cfg_file.is_file():
+        cfg_file = saved_config_file(path, MODEL_CONFIG_FILE)
+        if cfg_file is None:
             raise FileNotFoundError(
-                f"{cfg_file} not found: {path} is not an EmbeddingModel folder (write one with save_pretrained, "
+                f"{path / MODEL_CONFIG_FILE} not found: {path} is not an EmbeddingModel folder (write one with save_pretrained, "
                 "or load a sentence-transformers export with lmk.export.load_exported)"
             )
         cfg = json.loads(cfg_file.read_text())
@@ -381,8 +388,8 @@ class EmbeddingModel(torch.nn.Module):
         """Short hash of weights + config: equal fingerprints mean equal embeddings at equal max lengths (eval cache
         key, with the per-side lengths)."""
         h = hashlib.blake2b(digest_size=8)
-        cfg = self.lmk_config()
-        # the default lengths are not the model: an export's one max_seq_length (lmk.model.export) and a run's
+        cfg = self.config_dict()
+        # the default lengths are not the model: an export's one max_seq_length (lmk.model.st_folder) and a run's
         # training lengths give the same weights one identity; the eval cache keys the lengths used apart
         for key in ("query_max_length", "passage_max_length"):
             cfg.pop(key)
@@ -400,4 +407,4 @@ class EmbeddingModel(torch.nn.Module):
         return h.hexdigest()[:12]
 
     def __repr__(self) -> str:
-        return f"EmbeddingModel(name={self.name!r}, hidden_size={self.hidden_size}, tokenizer={self.tokenizer!r})"
+        return f"EmbeddingModel(name={self.name!r}, hidden_size={self.hidden_size}, landmark_tokenizer={self.landmark_tokenizer!r})"

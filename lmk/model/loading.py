@@ -17,8 +17,9 @@ from lmk.config.model import EncoderConfig
 from lmk.hub.offline import is_hub_id
 from lmk.model.backbone import config_positions
 from lmk.model.checkpoint import load_checkpoint
-from lmk.model.embedding import EmbeddingModel
-from lmk.model.export import is_export, load_exported
+from lmk.model.embedding import MODEL_CONFIG_FILE, EmbeddingModel
+from lmk.model.landmark.legacy_config import saved_config_file
+from lmk.model.st_folder import is_export, load_exported
 
 log = logging.getLogger(__name__)
 
@@ -103,9 +104,9 @@ def load_model(ref: str | os.PathLike | None, encoder_cfg: Any = None, pooling_c
     if path.is_file() and path.suffix == ".ckpt":
         return _load_from_checkpoint(path, path.parent.parent, trust_remote_code), {"kind": "checkpoint",
                                                                                      "source": str(path)}
-    if is_export(path):  # before save_pretrained's lmk_config.json: older exports hold one too
+    if is_export(path):  # before a save_pretrained folder: older exports hold its (legacy) description too
         return load_exported(path), {"kind": "export", "source": str(path)}
-    if (path / "lmk_config.json").is_file():
+    if saved_config_file(path, MODEL_CONFIG_FILE) is not None:
         return EmbeddingModel.from_pretrained(path, trust_remote_code=trust_remote_code), {"kind": "pretrained",
                                                                                             "source": str(path)}
     if (path / "export" / "modules.json").is_file():
@@ -120,6 +121,6 @@ def load_model(ref: str | os.PathLike | None, encoder_cfg: Any = None, pooling_c
         return load_hf_encoder(str(path), pooling_cfg, seed, trust_remote_code), {"kind": "hf-encoder",
                                                                                    "source": str(path)}
     raise FileNotFoundError(
-        f"model={ref!r}: no lmk_config.json, modules.json (export), export/, checkpoints/last.ckpt or config.json "
+        f"model={ref!r}: no {MODEL_CONFIG_FILE}, modules.json (export), export/, checkpoints/last.ckpt or config.json "
         "(a Hugging Face encoder) found"
     )

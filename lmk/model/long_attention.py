@@ -25,7 +25,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from lmk.model.landmark.padded_rows import guard_padded_rows, has_sliding_window, no_empty_rows
+from lmk.model.landmark.sliding_window_guard import guard_padded_rows, has_sliding_window, no_empty_rows
 
 __all__ = ["banded_attention", "guard_padded_rows", "has_sliding_window", "lean_attention", "no_empty_rows",
            "register"]

@@ -25,7 +25,7 @@ import tokenizers
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
-from lmk.run.files import cache_root, follow_umask
+from lmk.run.umask_files import cache_root, follow_umask
 
 # ModernBERT's special tokens, in its id order after the BPE entries
 SPECIAL_TOKENS = ("[UNK]", "[CLS]", "[SEP]", "[PAD]", "[MASK]")

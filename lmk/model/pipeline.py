@@ -333,17 +333,17 @@ class _Rows:
                 "lengths": lengths, "offsets": np.cumsum(lengths) - lengths}
 
 
-def _budget_batches(items: _Items, budget: int, max_tokens: int, pad: tuple[int, bool]
+def _budget_batches(items: _Items, max_length: int, max_tokens: int, pad: tuple[int, bool]
                     ) -> Iterator[tuple[np.ndarray, Features]]:
-    """Token-budget batches from windows of rows. The plan sorts longest first and no text exceeds `budget`, so
-    texts that reach it lead the plan in input order, `max_tokens // budget` to a batch: those batches go to the
+    """Token-budget batches from windows of rows. The plan sorts longest first and no text exceeds `max_length`, so
+    texts that reach it lead the plan in input order, `max_tokens // max_length` to a batch: those batches go to the
     model while later windows are still being tokenized; the rest follow once every length is known."""
     store, capped, lengths = _Rows(), [], []
-    per_batch, streamed = max(1, max_tokens // budget), []
+    per_batch, streamed = max(1, max_tokens // max_length), []
     for part in items:
         start = sum(map(len, lengths))
         lengths.append(store.add(part))
-        capped.extend((start + np.flatnonzero(lengths[-1] >= budget)).tolist())
+        capped.extend((start + np.flatnonzero(lengths[-1] >= max_length)).tolist())
         while len(capped) >= (len(streamed) + 1) * per_batch:
             idx = np.array(capped[len(streamed) * per_batch : (len(streamed) + 1) * per_batch])
             streamed.append(idx)
@@ -361,7 +361,7 @@ def encode_texts(
     texts: list[str],
     *,
     hidden_size: int,
-    budget: int,
+    max_length: int,
     device: torch.device,
     batch_size: int = 32,
     max_tokens_per_batch: int | None = None,
@@ -370,9 +370,9 @@ def encode_texts(
     prefetch: int = 2,
     progress: str | None = None,
 ) -> tuple[np.ndarray, int]:
-    """float32 [N, hidden_size] embeddings of `texts` in input order, and how many texts reached `budget`.
+    """float32 [N, hidden_size] embeddings of `texts` in input order, and how many texts reached `max_length`.
 
-    tokenize(texts) -> CPU features of those texts together (the landmark tokenizer at `budget`);
+    tokenize(texts) -> CPU features of those texts together (the landmark tokenizer at `max_length`);
     embed(CPU features) -> [B, H] embeddings on `device` (it moves the batch there). pad: (pad id, left
     padding) of the tokenizer. progress: a tqdm description, None for no bar.
     """
@@ -390,12 +390,12 @@ def encode_texts(
     else:
         windows = [np.arange(s, min(s + WINDOW, len(texts))) for s in range(0, len(texts), WINDOW)]
         items = _Items(_Tasks(tokenize, texts, windows, as_rows=True), n_workers, prefetch, False)
-        batches = _budget_batches(items, budget, max_tokens_per_batch, pad)
+        batches = _budget_batches(items, max_length, max_tokens_per_batch, pad)
     gather, truncated = _Gather(out, device), 0
     bar = tqdm(total=len(texts), desc=progress, unit="text") if progress is not None else None
     with tokenizer_threads(n_workers == 0), _running(items):
         for idx, feats in batches:
-            truncated += int((feats["attention_mask"].sum(dim=1) >= budget).sum())
+            truncated += int((feats["attention_mask"].sum(dim=1) >= max_length).sum())
             if pin and not feats["input_ids"].is_pinned():
                 feats = {k: v.pin_memory() for k, v in feats.items()}
             gather.add(idx, embed(feats))

@@ -2,7 +2,7 @@
 
     results.py  <run_dir>/results.json (merged, atomic), config hash, git commit, timings
     environment.py  requirements.lock: its hash and what the installed environment differs in (results.json)
-    files.py    atomic JSON writes, umask-following permissions, the lmk cache folder
+    umask_files.py  atomic JSON writes, umask-following permissions, the lmk cache folder
     lock.py     one live owner per run folder (run.lock), finished-folder reuse
     scheduler.py  what SLURM says of a job (alive, dead, unknown: never "nothing visible" read as dead)
     checkpoint_dir.py  a run folder's checkpoint files, torch-free (moving them aside, interrupted saves)
@@ -21,7 +21,7 @@ __all__, __getattr__ = interface(__name__, {
                         "submitit_rank", "under_submitit_local"),
     "lmk.run.console": ("console_stream", "interactive", "redirected", "verbose"),
     "lmk.run.environment": ("lock_hash",),
-    "lmk.run.files": ("cache_root", "follow_umask", "write_json"),
+    "lmk.run.umask_files": ("cache_root", "follow_umask", "write_json"),
     "lmk.run.lock": ("job_identity",),
     "lmk.run.loggers": ("WANDB_ID_FILE", "build_logger", "finish_loggers", "quiet_progress_bars",
                         "resolve_wandb_mode", "use_hydra_logging", "wandb_credentials", "wandb_info"),

@@ -51,7 +51,7 @@ from typing import Any
 
 import yaml
 
-from lmk.run.files import write_json
+from lmk.run.umask_files import write_json
 
 ENV_PLAN = "LMK_FAULTS"
 ENV_STATE = "LMK_FAULTS_STATE"

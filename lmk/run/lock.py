@@ -37,9 +37,9 @@ from omegaconf import OmegaConf
 
 from lmk.config import CKPT_AUTO, CKPT_FRESH
 from lmk.config.schema import UserError
-from lmk.run.files import write_json
 from lmk.run.results import STATUS_DONE, Results
 from lmk.run.scheduler import current_user, slurm_job
+from lmk.run.umask_files import write_json
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from lmk.run.environment import environment_info
-from lmk.run.files import write_json
+from lmk.run.umask_files import write_json
 
 RESULTS_FILE = "results.json"
 

@@ -5,10 +5,10 @@
     driver.py      spec -> one Hydra multirun per block (`hydra/sweeper=rows`) -> eval stage -> table
     eval_stage.py  evaluation as a stage of its own: one job per (row, shard), merged into each row
     hub_mirror.py  a scale's hub mirror: every job reads it (hub.mirror); missing replicas written first
-    prefetch.py    `python -m lmk.prefetch`: download what every job of a scale loads
+    scale_artifacts.py  `python -m lmk.prefetch`: download what every job of a scale loads
     cost/          the cost model by its parts: rates, a training job, the eval stage, time limits, the dry run's
                    table and per-job report (memory: lmk.train.memory; the encoder's shape: lmk.model.shape)
-    tables.py      run folders' results.json -> Markdown / LaTeX / CSV / JSON / plot
+    table_renderer.py  run folders' results.json -> Markdown / LaTeX / CSV / JSON / plot
     authors.py     the authors' values (experiments/*/authors.yaml) against the composed configs
 The row sweeper these drive is the Hydra plugin `hydra_plugins/lmk_row_sweeper` (Hydra discovers plugins only
 in that namespace package).
@@ -22,11 +22,11 @@ __all__, __getattr__ = interface(__name__, {
     "lmk.sweep.hub_mirror": ("prepare",),
     "lmk.sweep.jobs": ("ENTRY_CONFIG", "compose_config", "job_id", "job_overrides", "plan_shards",
                        "stage_overrides", "train_block"),
-    "lmk.sweep.prefetch": ("scale_artifacts",),
+    "lmk.sweep.scale_artifacts": ("scale_artifacts",),
     "lmk.sweep.provenance": ("provenance_lines",),
     "lmk.sweep.report": ("print_line", "quiet_launcher", "result_line", "start_line"),
     "lmk.sweep.rows": ("RowState", "decide", "finished_after_all", "lock_verdict", "recorded_job"),
     "lmk.sweep.spec": ("Scale", "SpecError", "load_spec", "validate_spec"),
-    "lmk.sweep.tables": ("MixedResultsError", "aggregate", "table_commits"),
+    "lmk.sweep.table_renderer": ("MixedResultsError", "aggregate", "table_commits"),
     "lmk.sweep.wandb_table": ("log_row_summaries", "log_table", "sweep_wandb"),
-}, modules=("authors", "prefetch", "rows", "tables"))
+}, modules=("authors", "pinned", "rows", "scale_artifacts", "table_renderer"))

@@ -192,7 +192,7 @@ def _table_to_wandb(sweep: Sweep, table: Any) -> None:
 
 def _build_table(sweep: Sweep, started: float, failures: int) -> int:
     # fast path: matplotlib and the tables load only once the sweep ran
-    from lmk.sweep.tables import aggregate, table_commits
+    from lmk.sweep.table_renderer import aggregate, table_commits
 
     try:
         table, paths = aggregate(sweep.args.spec, sweep.args.scale, sweep.out, sweep.args.with_optional)

@@ -35,8 +35,8 @@ from typing import Any
 from lmk.config.eval import EvalConfig
 from lmk.eval.scoring import group_scores
 from lmk.eval.tasks import LOCAL_TASKS
-from lmk.run.files import write_json
 from lmk.run.results import STATUS_DONE, Results, update_results
+from lmk.run.umask_files import write_json
 from lmk.sweep.jobs import SEP, eval_block, plan_shards, stage_overrides, stage_suite
 from lmk.sweep.spec import Scale
 

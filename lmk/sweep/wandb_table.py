@@ -24,7 +24,7 @@ import wandb
 
 from lmk.run.console import verbose
 from lmk.run.results import Results
-from lmk.sweep.tables import Table, _fmt, caption, short_commit
+from lmk.sweep.table_renderer import Table, _fmt, caption, short_commit
 
 log = logging.getLogger(__name__)
 

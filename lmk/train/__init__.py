@@ -20,4 +20,5 @@ __all__, __getattr__ = interface(__name__, {
                          "job_memory", "job_world_size", "sections"),
     "lmk.train.module": ("ContrastiveModule", "WARMUP_CURVES", "build_module", "warmup_decay"),
     "lmk.train.progress": ("progress_line",),
+    "lmk.train.trainer_args": ("SET_BY_LMK", "validate_training"),
 }, modules=("checkpoints",))

@@ -29,7 +29,7 @@ from lmk.eval.callback import build_eval_callback
 from lmk.hub.mirror import with_mirrored_sources
 from lmk.model.checkpoint import allowed_types, check_checkpoint
 from lmk.model.embedding import EmbeddingModel
-from lmk.model.export import export_sentence_transformers
+from lmk.model.st_folder import export_sentence_transformers
 from lmk.run import faults
 from lmk.run import lock as run_lock
 from lmk.run.cluster import cluster_plugins, submitit_rank
@@ -72,7 +72,7 @@ def build_model(cfg: DictConfig, typed: RootConfig) -> EmbeddingModel:
 def build_datamodule(typed: RootConfig, model: Any) -> PairDataModule:
     """The PairDataModule of the validated `data` section, tokenizing with the model's tokenizer."""
     # hub-id sources held by the hub mirror (`hub.mirror`) are read from it (compute nodes without internet)
-    return PairDataModule(with_mirrored_sources(typed.data), tokenizer=model.tokenizer)
+    return PairDataModule(with_mirrored_sources(typed.data), tokenizer=model.landmark_tokenizer)
 
 
 def build_callbacks(typed: RootConfig, run_dir: Path, has_logger: bool, config_hash: str) -> list[Any]:

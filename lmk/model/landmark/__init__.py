@@ -2,13 +2,15 @@
 
     names.py                 the registered names: poolers (and their needs), strategies, splitters; plain Python
     layouts.py               where each token of a row goes (numpy), truncation after insertion
-    koehn.py, sentences.py   the sentence splitters of the `sentence` strategy
+    koehn_splitter.py, sentences.py   the sentence splitters of the `sentence` strategy
     tokenization.py          LandmarkTokenizer (strategies none / fixed / variable / sentence / every_k / multi_cls)
     poolers.py               the pooler contract, its registry (@register_pooler) and cls / mean / lmk
     latent_attention.py      the authors' trainable latent-attention pooler
     landmark_transformer.py  LandmarkTransformer: the sentence-transformers input module (tokenizer + backbone)
+    sliding_window_guard.py  keeps sliding-window attention off fully padded rows
+    legacy_config.py         what older lmk versions saved under names lmk no longer writes
 
-lmk trains and encodes with these classes, and `lmk.model.export` copies these files verbatim into every export, so
+lmk trains and encodes with these classes, and `lmk.model.st_folder` copies these files verbatim into every export, so
 that `SentenceTransformer(folder, trust_remote_code=True)` runs the same code without lmk. Hence the rules of this
 package (tests/test_landmark_package.py checks them): it imports only torch, transformers, sentence-transformers,
 numpy, regex and the standard library, and its files import each other relatively (`from .poolers import ...`),
@@ -26,13 +28,16 @@ from typing import Any
 
 # public name -> the module that defines it (a module's own name: the module itself)
 _DEFINED_IN = {
-    "CONFIG_FILE": "landmark_transformer", "OLD_CONFIG_FILE": "landmark_transformer",
-    "LandmarkTransformer": "landmark_transformer", "set_rope": "landmark_transformer",
+    "CONFIG_FILE": "landmark_transformer", "legacy_config": "legacy_config", "names": "names",
+    "LandmarkTransformer": "landmark_transformer", "read_settings": "landmark_transformer",
+    "set_rope": "landmark_transformer",
     "LatentAttentionPooling": "latent_attention", "STRATEGY_TRAITS": "layouts", "rows_and_local": "layouts",
-    "guard_padded_rows": "padded_rows", "has_sliding_window": "padded_rows", "no_empty_rows": "padded_rows",
+    "guard_padded_rows": "sliding_window_guard", "has_sliding_window": "sliding_window_guard",
+    "no_empty_rows": "sliding_window_guard",
     "POOLERS": "poolers", "CLSPooling": "poolers", "LMKPooling": "poolers", "MeanPooling": "poolers",
     "Pooler": "poolers", "build_pooler": "poolers", "masked_mean": "poolers", "register_pooler": "poolers",
-    "multilingual_backend": "sentences", "split_sentences": "sentences", "koehn": "koehn",
+    "check_splitter": "sentences", "multilingual_backend": "sentences", "split_sentences": "sentences",
+    "koehn_splitter": "koehn_splitter",
     "STRATEGIES": "tokenization", "LandmarkTokenizer": "tokenization",
 }
 __all__ = sorted(_DEFINED_IN)
@@ -47,6 +52,8 @@ def load_all() -> None:
 def __getattr__(name: str) -> Any:
     if name not in _DEFINED_IN:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if name == _DEFINED_IN[name]:  # a module used as a namespace loads alone: `names` stays torch-free
+        return importlib.import_module(f"{__name__}.{name}")
     load_all()
     module = importlib.import_module(f"{__name__}.{_DEFINED_IN[name]}")
-    return module if name == _DEFINED_IN[name] else getattr(module, name)
+    return getattr(module, name)

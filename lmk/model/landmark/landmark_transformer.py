@@ -30,8 +30,9 @@ from typing import Any
 import torch
 from transformers import AutoModel, AutoTokenizer, PreTrainedModel
 
-from .koehn import prefix_file
-from .padded_rows import guard_padded_rows
+from .koehn_splitter import prefix_file
+from .legacy_config import LEGACY_CONFIG_FILE, export_settings
+from .sliding_window_guard import guard_padded_rows
 from .tokenization import LandmarkTokenizer, say_unset_cut
 
 try:
@@ -40,7 +41,6 @@ except ImportError:  # sentence-transformers 5.x keeps its module classes in `mo
     from sentence_transformers.models import InputModule
 
 CONFIG_FILE = "landmark_config.json"
-OLD_CONFIG_FILE = "lmk_config.json"  # the root config of exports written before the module saved its own
 PREFIX_DIR = "non_breaking_prefixes"  # the koehn splitter's prefix file, copied beside the config
 _BACKBONE_KEYS = ("input_ids", "attention_mask", "token_type_ids")
 
@@ -68,20 +68,12 @@ def set_rope(model: PreTrainedModel, enabled: bool, name: str = "?") -> None:
                 setattr(module, attr, 1.0)
 
 
-def _from_old_config(old: dict[str, Any]) -> dict[str, Any]:
-    """The settings of an export written before this module's own config (lmk_config.json at the root)."""
-    tok, enc = old["tokenizer"], old.get("encoder") or {}
-    return {
-        "max_seq_length": old.get("st_max_seq_length") or old["passage_max_length"],
-        "max_positions": old["max_positions"],
-        "strategy": tok["strategy"],
-        "landmark_interval": tok["chunk_size"],
-        "train_landmark_interval": tok["train_chunk_sizes"] if tok["strategy"] == "variable" else None,
-        **{k: tok[k] for k in ("language", "sentence_splitter", "max_sentence_tokens", "seed") if k in tok},
-        "rope": enc.get("rope", True),
-        "attn_implementation": enc.get("attn_implementation", "sdpa"),
-        "lmk": {k: old.get(k) for k in ("name", "encoder", "pooling", "query_max_length", "passage_max_length")},
-    }
+def read_settings(folder: str | Path) -> dict[str, Any]:
+    """The input module's settings in a local export folder of any version (an old one's through legacy_config)."""
+    folder = Path(folder)
+    if (folder / CONFIG_FILE).is_file():
+        return json.loads((folder / CONFIG_FILE).read_text(encoding="utf-8"))
+    return export_settings(json.loads((folder / LEGACY_CONFIG_FILE).read_text(encoding="utf-8")))
 
 
 def _tokenizer_settings(config: dict[str, Any]) -> dict[str, Any]:
@@ -141,10 +133,10 @@ class LandmarkTransformer(InputModule):
                 raise ValueError(f"LandmarkTransformer takes text only; input {i} is {type(text).__name__}")
         if prompt:
             texts = [prompt + t for t in texts]
-        budget = min(self.max_seq_length, self.max_positions)
-        features = self.landmark_tokenizer(texts, train=self.training, max_length=budget)
+        max_length = min(self.max_seq_length, self.max_positions)
+        features = self.landmark_tokenizer(texts, train=self.training, max_length=max_length)
         if not self._length_set:
-            say_unset_cut(self, features, budget, "set `model.max_seq_length = N` (or LandmarkTransformer(..., "
+            say_unset_cut(self, features, max_length, "set `model.max_seq_length = N` (or LandmarkTransformer(..., "
                           f"max_seq_length=N)); this backbone takes up to {self.max_positions} tokens")
         return features
 
@@ -215,11 +207,11 @@ class LandmarkTransformer(InputModule):
                "local_files_only": local_files_only}
         config = cls.load_config(model_name_or_path, **hub)
         if "landmark_interval" not in config:
-            old = cls.load_file_path(model_name_or_path, OLD_CONFIG_FILE, **hub)
+            old = cls.load_file_path(model_name_or_path, LEGACY_CONFIG_FILE, **hub)  # an export before this config
             if old is None:
                 raise FileNotFoundError(f"{model_name_or_path}/{subfolder}: no {CONFIG_FILE} with landmark "
                                         "settings; not an LMK model folder")
-            config = _from_old_config(json.loads(Path(old).read_text(encoding="utf-8")))
+            config = export_settings(json.loads(Path(old).read_text(encoding="utf-8")))
         source = {"subfolder": subfolder or "", "revision": revision, "token": token, "cache_dir": cache_folder,
                   "local_files_only": local_files_only, "trust_remote_code": trust_remote_code}
         backbone = AutoModel.from_pretrained(model_name_or_path, **source, **{

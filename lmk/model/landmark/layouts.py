@@ -57,24 +57,25 @@ def plain_layout(ids: np.ndarray, n: np.ndarray, landmark_id: int) -> Layout:
     )
 
 
-def chunked_layout(ids: np.ndarray, n: np.ndarray, chunk: np.ndarray, multi_cls: bool, landmark_id: int,
+def chunked_layout(ids: np.ndarray, n: np.ndarray, chunk_sizes: np.ndarray, multi_cls: bool, landmark_id: int,
                    cls_id: int) -> Layout:
-    """A landmark after every `chunk[row]` content tokens (fixed, variable), or a CLS before every chunk and a
-    final SEP (multi_cls). Content position j -> 1 + j + j // g (one inserted token per complete chunk before it)."""
+    """A landmark after every `chunk_sizes[row]` content tokens (fixed, variable), or a CLS before every chunk and
+    a final SEP (multi_cls). Content position j -> 1 + j + j // chunk_size (one inserted token per complete chunk
+    before it)."""
     rows, local = rows_and_local(n)
-    c_pos = 1 + local + local // chunk[rows]
-    m = np.maximum(1, -(-n // chunk))  # chunks per row (an empty text still gets one landmark)
+    c_pos = 1 + local + local // chunk_sizes[rows]
+    m = np.maximum(1, -(-n // chunk_sizes))  # chunks per row (an empty text still gets one landmark)
     i_row, i_local = rows_and_local(m)
-    g = chunk[i_row]
+    chunk_size = chunk_sizes[i_row]
     if multi_cls:
-        # a CLS before chunks 2..m at k * (g + 1), then a final SEP after the content (not pooled)
+        # a CLS before chunks 2..m at i * (chunk_size + 1), then a final SEP after the content (not pooled)
         is_last = i_local == m[i_row] - 1
-        i_pos = np.where(is_last, n[i_row] + m[i_row], (i_local + 1) * (g + 1))
+        i_pos = np.where(is_last, n[i_row] + m[i_row], (i_local + 1) * (chunk_size + 1))
         i_id = np.where(is_last, landmark_id, cls_id)
         i_pool = ~is_last
     else:
-        # landmark after content min((i+1) g, n), shifted by the i landmarks before it
-        i_pos = 1 + np.minimum((i_local + 1) * g, n[i_row]) + i_local
+        # landmark after content min((i+1) chunk_size, n), shifted by the i landmarks before it
+        i_pos = 1 + np.minimum((i_local + 1) * chunk_size, n[i_row]) + i_local
         i_id = np.full(len(i_row), landmark_id)
         i_pool = np.ones(len(i_row), bool)
     return Layout(ids, rows, c_pos, i_row, i_pos, i_id, i_pool, total=1 + n + m, pool_lead=multi_cls)
@@ -88,16 +89,15 @@ def sentence_layout(ids: np.ndarray, s_len: np.ndarray, s_row: np.ndarray, n_tex
     rows, local = rows_and_local(n)  # the sentences of a text are consecutive in `ids`
 
     # landmark boundaries: at each piece's end (an empty piece included, as the authors: a blank line
-    # gives two landmarks in a row) and, with a cap, after every `cap` tokens inside a piece
+    # gives two landmarks in a row) and, with max_sentence_tokens, after every that many tokens inside a piece
     s_start = np.cumsum(s_len) - s_len - (np.cumsum(n) - n)[s_row]  # piece offset in its text
     if max_sentence_tokens is None:
         b_row, b_end = s_row, s_start + s_len
     else:
-        g = max_sentence_tokens
-        parts = np.maximum(1, -(-s_len // g))
+        parts = np.maximum(1, -(-s_len // max_sentence_tokens))
         p_sent, p_local = rows_and_local(parts)
         b_row = s_row[p_sent]
-        b_end = s_start[p_sent] + np.minimum((p_local + 1) * g, s_len[p_sent])
+        b_end = s_start[p_sent] + np.minimum((p_local + 1) * max_sentence_tokens, s_len[p_sent])
     # a text without pieces (empty or blank) still gets its [LMK] (boundary 0)
     empty = np.flatnonzero(np.bincount(s_row, minlength=n_texts) == 0)
     if len(empty):
@@ -126,12 +126,12 @@ def sentence_layout(ids: np.ndarray, s_len: np.ndarray, s_row: np.ndarray, n_tex
     )
 
 
-def pack(lay: Layout, budget: int, *, strategy: str, chunk_size: int, cls_id: int, landmark_id: int, pad_id: int,
+def pack(lay: Layout, max_length: int, *, strategy: str, chunk_size: int, cls_id: int, landmark_id: int, pad_id: int,
          left_padding: bool) -> dict[str, torch.Tensor]:
-    """Truncate every row to `budget` tokens (landmarks count), pad, and build the masks; a row whose landmarks
+    """Truncate every row to `max_length` tokens (landmarks count), pad, and build the masks; a row whose landmarks
     were all cut gets its last token overwritten with one."""
     n_rows = len(lay.total)
-    length = np.minimum(lay.total, budget)
+    length = np.minimum(lay.total, max_length)
     width = int(length.max())
     # left padding shifts every position of a row by its amount of padding
     shift = width - length if left_padding else np.zeros(n_rows, np.int64)
@@ -141,9 +141,9 @@ def pack(lay: Layout, budget: int, *, strategy: str, chunk_size: int, cls_id: in
     ids[r, shift] = cls_id
     pool[r, shift] = lay.pool_lead
 
-    keep = lay.c_pos < budget
+    keep = lay.c_pos < max_length
     ids[lay.c_row[keep], lay.c_pos[keep] + shift[lay.c_row[keep]]] = lay.c_ids[keep]
-    keep = lay.i_pos < budget
+    keep = lay.i_pos < max_length
     i_row, i_col = lay.i_row[keep], lay.i_pos[keep] + shift[lay.i_row[keep]]
     ids[i_row, i_col] = lay.i_id[keep]
     pool[i_row, i_col] = lay.i_pool[keep]
@@ -157,8 +157,8 @@ def pack(lay: Layout, budget: int, *, strategy: str, chunk_size: int, cls_id: in
         pool[lost, last] = True
     elif strategy == "multi_cls":
         # as the authors: cut to max_length - 1, then the closing SEP (never a CLS as the last token)
-        cut = np.flatnonzero(lay.total > budget)
-        last = shift[cut] + budget - 1
+        cut = np.flatnonzero(lay.total > max_length)
+        last = shift[cut] + max_length - 1
         ids[cut, last] = landmark_id
         pool[cut, last] = False
     elif strategy == "every_k":

@@ -3,7 +3,7 @@
 Three splitters, chosen by ``PoolingConfig.sentence_splitter``:
 
 - ``koehn`` (default, the authors' English splitter): the `sentence-splitter` package's rules (Koehn &
-  Schroeder's heuristic with per-language non-breaking prefixes), run by `koehn.py` with the same output. It strips the text, collapses runs of
+  Schroeder's heuristic with per-language non-breaking prefixes), run by `koehn_splitter.py` with the same output. It strips the text, collapses runs of
   spaces and breaks at every newline, so a blank line gives an empty piece (which still gets its landmark). Pieces
   carry no surrounding whitespace, as in the authors' code.
 - ``multilingual`` (the authors' multilingual splitter): spaCy's ``xx_sent_ud_sm`` where spaCy and that
@@ -19,8 +19,8 @@ from __future__ import annotations
 import logging
 from functools import lru_cache
 
-from .koehn import languages as koehn_languages
-from .koehn import splitter as koehn_splitter
+from .koehn_splitter import languages as koehn_languages
+from .koehn_splitter import splitter as koehn_splitter
 from .names import DEFAULT_LANGUAGE, DEFAULT_SPLITTER, SPLITTERS
 
 try:

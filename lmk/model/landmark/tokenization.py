@@ -5,8 +5,8 @@ Layout of one text (docs/method.md section 1)::
     [CLS] z1 [LMK] z2 [LMK] ... zn [LMK]
 
 `z_i` are chunks of content tokens, `[LMK]` is the tokenizer's own separator id (EOS where there is no
-SEP), the leading token is CLS (BOS fallback). Truncation happens *after* insertion (landmarks use up the
-budget); a row whose landmarks were all cut gets its last token overwritten with a landmark.
+SEP), the leading token is CLS (BOS fallback). Truncation to `max_length` happens *after* insertion
+(landmarks count toward it); a row whose landmarks were all cut gets its last token overwritten with a landmark.
 
 Speed: the batch is tokenized once by the fast tokenizer (no special tokens, truncated to the largest
 content that can still appear in the output), then every row is laid out with numpy index arithmetic on
@@ -55,15 +55,15 @@ def _check_positive_int(name: str, value: Any, minimum: int = 1) -> int:
     return int(value)
 
 
-def say_unset_cut(owner: Any, features: Mapping[str, torch.Tensor], budget: int, fix: str) -> None:
-    """Once per `owner` (a tokenizer, a model): a text filled `budget` tokens, a length nobody set, so texts are
-    being cut there; the warning names the length and `fix`, how to set it."""
+def say_unset_cut(owner: Any, features: Mapping[str, torch.Tensor], max_length: int, fix: str) -> None:
+    """Once per `owner` (a tokenizer, a model): a text filled `max_length` tokens, a length nobody set, so texts
+    are being cut there; the warning names the length and `fix`, how to set it."""
     mask = features["attention_mask"]
-    if getattr(owner, "_said_cut", False) or not mask.numel() or int(mask.sum(dim=1).max()) < budget:
+    if getattr(owner, "_said_cut", False) or not mask.numel() or int(mask.sum(dim=1).max()) < max_length:
         return
     owner._said_cut = True
     _log.warning("%s: a text reached %d tokens (landmarks included) and was cut there, a default length nobody "
-                 "set; %s", type(owner).__name__, budget, fix)
+                 "set; %s", type(owner).__name__, max_length, fix)
 
 
 def _check_max_length(value: Any, name: str = "max_length") -> int:
@@ -119,7 +119,7 @@ class LandmarkTokenizer:
         `max_sentence_tokens` set, a longer piece also gets a landmark after every that many tokens of it
         (None: never cut, as the authors). At inference (``train=False``) a split that keeps under 90% of
         the text's characters is replaced by the whole text as one piece (the authors' eval script).
-      - ``every_k``: the normal layout, no insertion; pool_mask at positions 0, k, 2k, ... (k = chunk_size).
+      - ``every_k``: the normal layout, no insertion; pool_mask at positions 0, chunk_size, 2 chunk_size, ...
       - ``multi_cls``: ``[CLS] z1 [CLS] z2 ... [CLS] zn [SEP]``; pool_mask on every CLS (leading one
         included); the final SEP is not pooled. A truncated row is cut to max_length - 1 and still ends
         with the SEP (the authors' eval script).
@@ -301,49 +301,50 @@ class LandmarkTokenizer:
                 raise ValueError(
                     f"texts[{i}] is {type(text).__name__} ({text!r:.60}); every text must be a str"
                 )
-        budget = self._max_length if max_length is None else _check_max_length(max_length)
+        unset = max_length is None and not self._max_length_set  # the default length nobody set
+        max_length = self._max_length if max_length is None else _check_max_length(max_length)
         if not texts:
             empty = torch.zeros((0, 0), dtype=torch.long)
             return {"input_ids": empty, "attention_mask": empty.clone(), "pool_mask": empty.bool()}
 
         strategy = self._strategy
         if strategy in ("none", "every_k"):
-            # [CLS] content [SEP]: the content keeps budget - 2 tokens so the SEP always survives
-            layout = plain_layout(*self._content(texts, budget - 2), self._landmark_id)
+            # [CLS] content [SEP]: the content keeps max_length - 2 tokens so the SEP always survives
+            layout = plain_layout(*self._content(texts, max_length - 2), self._landmark_id)
         elif strategy == "sentence":
-            ids, s_len, s_row = self._sentence_ids(texts, budget, train)
+            ids, s_len, s_row = self._sentence_ids(texts, max_length, train)
             layout = sentence_layout(ids, s_len, s_row, len(texts), self._max_sentence_tokens, self._landmark_id)
         else:
             if strategy == "variable" and train:
                 sizes = np.asarray(self._train_chunk_sizes, dtype=np.int64)
-                chunk = self._generator().choice(sizes, size=len(texts))
+                chunk_sizes = self._generator().choice(sizes, size=len(texts))
             else:
-                chunk = np.full(len(texts), self._chunk_size, dtype=np.int64)
-            # content past budget - 1 can never land inside the budget, so it is not even converted
-            layout = chunked_layout(*self._content(texts, budget - 1), chunk, strategy == "multi_cls",
+                chunk_sizes = np.full(len(texts), self._chunk_size, dtype=np.int64)
+            # content past max_length - 1 can never land inside max_length, so it is not even converted
+            layout = chunked_layout(*self._content(texts, max_length - 1), chunk_sizes, strategy == "multi_cls",
                                     self._landmark_id, self._cls_id)
-        features = pack(layout, budget, strategy=strategy, chunk_size=self._chunk_size, cls_id=self._cls_id,
+        features = pack(layout, max_length, strategy=strategy, chunk_size=self._chunk_size, cls_id=self._cls_id,
                         landmark_id=self._landmark_id, pad_id=self._pad_id, left_padding=self.padding_side == "left")
-        if max_length is None and not self._max_length_set:
-            say_unset_cut(self, features, budget, "pass max_length=N to LandmarkTokenizer (or to the call)")
+        if unset:
+            say_unset_cut(self, features, max_length, "pass max_length=N to LandmarkTokenizer (or to the call)")
         return features
 
     # ------------------------------------------------------------------------------------ layouts
-    def _encode(self, texts: list[str], cap: int) -> list[list[int]]:
+    def _encode(self, texts: list[str], max_content: int) -> list[list[int]]:
         # the one tokenizer call: no special tokens, truncated in Rust so long texts stay cheap
         return self.tokenizer(
             texts,
             add_special_tokens=False,
             truncation=True,
-            max_length=cap,
+            max_length=max_content,
             return_attention_mask=False,
             return_token_type_ids=False,
             split_special_tokens=True,  # "[SEP]" in a text is text, not a landmark
         )["input_ids"]
 
-    def _content(self, texts: list[str], cap: int) -> tuple[np.ndarray, np.ndarray]:
-        """Flat content ids and per-text lengths, truncated to `cap` (no content past it can survive)."""
-        enc = self._encode(texts, cap)
+    def _content(self, texts: list[str], max_content: int) -> tuple[np.ndarray, np.ndarray]:
+        """Flat content ids and per-text lengths, truncated to `max_content` (no content past it can survive)."""
+        enc = self._encode(texts, max_content)
         lengths = np.fromiter(map(len, enc), dtype=np.int64, count=len(enc))
         flat = np.fromiter(chain.from_iterable(enc), dtype=np.int64, count=int(lengths.sum()))
         return flat, lengths
@@ -357,14 +358,14 @@ class LandmarkTokenizer:
         return pieces
 
     def _sentence_ids(
-        self, texts: list[str], budget: int, train: bool
+        self, texts: list[str], max_length: int, train: bool
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Flat content ids, tokens per sentence piece and the row of each piece.
 
         Only a prefix of a text can survive truncation, so the first tokenizer call takes the pieces
-        that start within `_CHARS_PER_TOKEN * budget` characters of their text; a text that comes out
-        shorter than the budget has its remaining pieces tokenized in a second call. What is left out
-        lies past the budget, so the result is exact, and its cost follows the budget, not the text.
+        that start within `_CHARS_PER_TOKEN * max_length` characters of their text; a text that comes out
+        shorter than `max_length` has its remaining pieces tokenized in a second call. What is left out
+        lies past `max_length`, so the result is exact, and its cost follows `max_length`, not the text.
         """
         sentences = [self._split(t, train) for t in texts]
         per_text = np.fromiter(map(len, sentences), dtype=np.int64, count=len(texts))
@@ -372,13 +373,13 @@ class LandmarkTokenizer:
         s_row = np.repeat(np.arange(len(texts)), per_text)
         s_len = np.zeros(len(flat), np.int64)
         pieces: list[list[int]] = [[]] * len(flat)
-        cap = budget - 1
+        max_content = max_length - 1
 
         def tokenize(idx: np.ndarray) -> None:
             idx = idx[[bool(flat[i]) for i in idx.tolist()]]  # an empty piece has no tokens to ask for
             if not len(idx):
                 return
-            enc = self._encode([flat[i] for i in idx], cap)
+            enc = self._encode([flat[i] for i in idx], max_content)
             for i, token_ids in zip(idx.tolist(), enc):
                 pieces[i] = token_ids
             s_len[idx] = np.fromiter(map(len, enc), dtype=np.int64, count=len(enc))
@@ -387,9 +388,9 @@ class LandmarkTokenizer:
             chars = np.fromiter(map(len, flat), dtype=np.int64, count=len(flat))
             starts = np.cumsum(chars) - chars
             chars_before = starts - starts[np.cumsum(per_text)[s_row] - per_text[s_row]]
-            first = chars_before < _CHARS_PER_TOKEN * budget
+            first = chars_before < _CHARS_PER_TOKEN * max_length
             tokenize(np.flatnonzero(first))
-            short = np.bincount(s_row, s_len, len(texts)) < cap
+            short = np.bincount(s_row, s_len, len(texts)) < max_content
             rest = np.flatnonzero(~first & short[s_row])
             if len(rest):
                 tokenize(rest)

@@ -61,10 +61,10 @@ def _kept_steps(job: TrainingJob, limit: TimeLimit, every: int) -> int:
 
 
 def _more_gpus(job: TrainingJob, limit_s: float) -> str | None:
-    budget = limit_s - job.overhead_s - job.eval_s
-    if budget <= 0:
+    time_left_s = limit_s - job.overhead_s - job.eval_s
+    if time_left_s <= 0:
         return None
-    need = math.ceil(job.compute_s * job.gpus / budget)
+    need = math.ceil(job.compute_s * job.gpus / time_left_s)
     q, per_node = job.queries_per_step, job.gpus_per_node
     first = math.ceil(need / per_node)
     for nodes in range(first, 8 * first + 1):

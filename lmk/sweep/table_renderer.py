@@ -26,8 +26,8 @@ import wandb
 from scipy.stats import ttest_rel
 
 from lmk.config.schema import UserError
-from lmk.run.files import write_json
 from lmk.run.results import STATUS_DONE, Results
+from lmk.run.umask_files import write_json
 from lmk.sweep.provenance import provenance_lines
 from lmk.sweep.spec import Column, Row, TableSpec, load_spec
 

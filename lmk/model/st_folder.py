@@ -59,22 +59,22 @@ def class_ref(module: torch.nn.Module) -> str:
     return f"{file.stem}.{cls.__name__}"
 
 
-def to_sentence_transformer(model: EmbeddingModel, max_seq_length: int | None = None,
+def to_sentence_transformer(model: EmbeddingModel, max_length: int | None = None,
                             scored_at: dict[str, int] | None = None) -> SentenceTransformer:
-    """A SentenceTransformer sharing `model`'s backbone, tokenizer and pooler (no copy). `scored_at`: the per-side
-    lengths a model card's scores were computed at (query_max_length, passage_max_length), mteb's loader's
-    defaults (lmk.eval.mteb_model)."""
+    """A SentenceTransformer sharing `model`'s backbone, tokenizer and pooler (no copy); `max_length` becomes its
+    `max_seq_length` (sentence-transformers' name). `scored_at`: the per-side lengths a model card's scores were
+    computed at (query_max_length, passage_max_length), mteb's loader's defaults (lmk.eval.mteb_model)."""
     if model.pooling_cfg is None:
         raise ValueError("export needs model.pooling_cfg (build the model with EmbeddingModel.build)")
     if not isinstance(model.pooler, Pooler):
         raise ValueError(f"export needs a registered pooler (lmk.model.landmark.poolers), got {type(model.pooler)}")
-    description = model.lmk_config()
+    description = model.config_dict()
     lmk = {k: description[k] for k in ("name", "encoder", "pooling", "query_max_length", "passage_max_length")}
     lmk["fingerprint"] = model.fingerprint()  # the weights' identity: mteb's model revision (lmk.eval.mteb_model)
     if scored_at:
         lmk["scored_at"] = {k: int(scored_at[k]) for k in ("query_max_length", "passage_max_length")}
     encoder = model.encoder_cfg
-    first = LandmarkTransformer(model.backbone, model.tokenizer, max_seq_length=max_seq_length or model.passage_max_length,
+    first = LandmarkTransformer(model.backbone, model.landmark_tokenizer, max_seq_length=max_length or model.passage_max_length,
                                 max_positions=model.max_positions, rope=encoder.rope if encoder else True,
                                 attn_implementation=encoder.attn_implementation if encoder else "sdpa", lmk=lmk)
     # device=model's device so the shared backbone is not moved
@@ -82,11 +82,12 @@ def to_sentence_transformer(model: EmbeddingModel, max_seq_length: int | None = 
 
 
 def export_sentence_transformers(model: EmbeddingModel, path: str | os.PathLike,
-                                 max_seq_length: int | None = None, scored_at: dict[str, int] | None = None) -> Path:
-    """Write a sentence-transformers folder that carries its code; `max_seq_length` (the one length both
-    sentence-transformers and `load_exported` cut texts at by default) defaults to the model's passage max length."""
+                                 max_length: int | None = None, scored_at: dict[str, int] | None = None) -> Path:
+    """Write a sentence-transformers folder that carries its code; `max_length` (the folder's `max_seq_length`: the
+    one length both sentence-transformers and `load_exported` cut texts at by default) defaults to the model's
+    passage max length."""
     path = Path(path)
-    st = to_sentence_transformer(model, max_seq_length=max_seq_length, scored_at=scored_at)
+    st = to_sentence_transformer(model, max_length=max_length, scored_at=scored_at)
     st.save(str(path), create_model_card=False)
     modules = json.loads((path / "modules.json").read_text())
     for entry, module in zip(modules, st):
@@ -98,7 +99,7 @@ def export_sentence_transformers(model: EmbeddingModel, path: str | os.PathLike,
     _normalise_tokenizer_config(path / "tokenizer_config.json")
     (path / "README.md").write_text(_README.format(name=model.name, max_len=st[0].max_seq_length,
                                                    pooling=json.dumps(model.pooling_cfg.to_dict()),
-                                                   needs=needed_packages(model.tokenizer)))
+                                                   needs=needed_packages(model.landmark_tokenizer)))
     return path
 
 
@@ -116,12 +117,13 @@ def _normalise_tokenizer_config(file: Path) -> None:
         file.write_text(json.dumps(kept, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
-def needed_packages(tokenizer: Any) -> str:
+def needed_packages(landmark_tokenizer: Any) -> str:
     """What a user needs besides sentence-transformers to load the model: a sentence splitter the folder cannot
     carry (the koehn splitter's prefix file travels in it)."""
-    if tokenizer.strategy == "sentence" and tokenizer.sentence_splitter in ("sentencex", "multilingual"):
+    tok = landmark_tokenizer
+    if tok.strategy == "sentence" and tok.sentence_splitter in ("sentencex", "multilingual"):
         extra = " (the authors' multilingual splitter also uses spaCy's xx_sent_ud_sm where installed)" \
-            if tokenizer.sentence_splitter == "multilingual" else ""
+            if tok.sentence_splitter == "multilingual" else ""
         return f"Its sentence splitter needs `pip install sentencex`{extra}."
     return "It needs nothing beyond sentence-transformers (and its torch and transformers)."
 
@@ -272,12 +274,13 @@ def load_exported(path: str | os.PathLike, device: str | None = "cpu", query_max
     meta = first.lmk
     enc = EncoderConfig.coerce(meta["encoder"]) if meta.get("encoder") else None
     pool = PoolingConfig.coerce(meta["pooling"]) if meta.get("pooling") else None
-    tokenizer = first.landmark_tokenizer
+    landmark_tokenizer = first.landmark_tokenizer
     passage = int(passage_max_length or first.max_seq_length)
-    if tokenizer.max_length != passage:  # lmk's convention: the tokenizer's default length is the passage length
-        settings = {**tokenizer.config(), "max_length": passage}
-        tokenizer = type(tokenizer).from_config(tokenizer.tokenizer, settings, prefix_dir=tokenizer.prefix_dir)
-    model = EmbeddingModel(first.auto_model, tokenizer, pooler,
+    if landmark_tokenizer.max_length != passage:  # lmk's convention: the tokenizer's default length is the passage one
+        settings = {**landmark_tokenizer.config(), "max_length": passage}
+        landmark_tokenizer = type(landmark_tokenizer).from_config(first.tokenizer, settings,
+                                                                  prefix_dir=landmark_tokenizer.prefix_dir)
+    model = EmbeddingModel(first.auto_model, landmark_tokenizer, pooler,
                            query_max_length=int(query_max_length or first.max_seq_length), passage_max_length=passage,
                            name=meta.get("name") or path.name, encoder_cfg=enc, pooling_cfg=pool)
     return model.to(device) if device else model

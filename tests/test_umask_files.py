@@ -28,7 +28,7 @@ def test_results_json_follows_umask(tmp_path, umask_022):
 
 
 def test_eval_json_files_follow_umask(tmp_path, umask_022):
-    from lmk.run.files import write_json  # what the eval runner writes its files with
+    from lmk.run.umask_files import write_json  # what the eval runner writes its files with
 
     write_json(tmp_path / "per_query.json", {"a": 1}, indent=1)
     assert mode(tmp_path / "per_query.json") == 0o644
