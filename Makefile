@@ -44,15 +44,16 @@ $(STAMP): pyproject.toml requirements.lock
 	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $(STAMP)
 
-# The suites run on every core (pytest-xdist, a test module's tests on one worker so its fixtures are built
-# once); WORKERS=1 runs them in one process.
+# The fast suite runs on every core (pytest-xdist, a test module's tests on one worker so its fixtures are built
+# once); WORKERS=1 runs it in one process. The slow suite stays in one process: its tests start DDP ranks and
+# SLURM-like jobs of their own, with time limits measured that way.
 WORKERS ?= auto
 XDIST   := $(if $(filter 1,$(WORKERS)),-p no:xdist,-n $(WORKERS) --dist loadscope)
 test: install
 	WANDB_MODE=offline $(PY) -m pytest -q $(XDIST)
 
 test-slow: install
-	WANDB_MODE=offline $(PY) -m pytest -q -m slow $(XDIST)
+	WANDB_MODE=offline $(PY) -m pytest -q -m slow -p no:xdist
 
 # The scheduler tests (requeue, time limits, node loss on the real scheduler) on the local cluster.
 test-slurm: install slurm-up
