@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lmk.sweep.spec import load_spec
+
 PINNED_FILE = "pinned.json"
 RESULTS_DOC = "docs/results.md"
 HISTORY_HEADING = "## Results history"
@@ -151,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scale", required=True)
     parser.add_argument("--out", required=True, help="the sweep folder (holds table2.json)")
     args = parser.parse_args(argv)
-    table_file = Path(args.out) / f"{Path(args.spec).parent.name}.json"
+    table_file = Path(args.out) / f"{load_spec(args.spec).name}.json"  # the name aggregate() writes under
     if not table_file.is_file():
         print(f"no {table_file}: run `make reproduce-table2 SCALE={args.scale} OUT=...` first", file=sys.stderr)
         return 2
