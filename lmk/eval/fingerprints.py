@@ -43,14 +43,26 @@ FROM_PACKAGES = ("offline-pairs", "bge-full-data-replica", "replica:SciFact", "r
                  "replica:LEMBSummScreenFDRetrieval", "replica:LEMBWikimQARetrieval")
 
 
+def cpu_simd() -> list[str]:
+    """The SIMD targets numpy dispatches to on this CPU (e.g. ["X86_V3"]; AVX-512 machines add more). The same
+    code and package versions gave other training pairs on another machine: BM25 hard negatives are picked among
+    tied scores, whose order numpy's sort kernels may set per CPU, so the CPU is part of the environment."""
+    from numpy._core import _multiarray_umath as umath
+
+    return [f for f in umath.__cpu_dispatch__ if umath.__cpu_features__.get(f)]
+
+
 def environment() -> dict[str, Any]:
-    """What the generated content is read from: Python (its standard library), the text packages, the lock."""
-    return {"versions": offline_pairs._versions(offline_pairs.DEFAULT_PACKAGES), "lock": lock_hash()}
+    """What the generated content is read from: Python (its standard library), the text packages, the CPU's SIMD
+    targets, the lock."""
+    return {"versions": offline_pairs._versions(offline_pairs.DEFAULT_PACKAGES), "cpu": cpu_simd(),
+            "lock": lock_hash()}
 
 
 def environment_fingerprint(env: dict[str, Any] | None = None) -> str:
     env = environment() if env is None else env
-    return hashlib.sha256(json.dumps(env["versions"], sort_keys=True).encode()).hexdigest()[:12]
+    key = {"versions": env["versions"], "cpu": env.get("cpu", [])}
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
 
 
 def _rows_hash(folder: Path) -> str:
