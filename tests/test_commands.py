@@ -207,7 +207,7 @@ RUN_AS_TYPED = {  # command -> (marks, what its output shows when it did its job
     "python -m lmk.export <run dir> --out <folder>": (SLOW, "written to"),
     "python -m lmk.sweep experiments/table2/spec.yaml --scale paper --dry-run": (SLOW, "cost estimate"),
     "python -m lmk.data.stats local": (SLOW, "local:\n"),
-    "python -m lmk.train -m pooling=lmk-fixed pooling.chunk_size=32,64,128": (SLOW, "Launching 3 jobs"),
+    "python -m lmk.train -m experiment=tiny pooling=lmk-fixed pooling.chunk_size=32,64,128": (SLOW, "Launching 3 jobs"),
     "python -m lmk.evaluate model=<run dir or export> pooling=mean eval=local": (SLOW, "eval group local-short"),
 }
 # Run as typed by another test of this file (in its fast form), or why the suite cannot run it.
