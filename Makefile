@@ -44,11 +44,12 @@ $(STAMP): pyproject.toml requirements.lock
 	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $(STAMP)
 
-# The fast suite runs on every core (pytest-xdist, a test module's tests on one worker so its fixtures are built
-# once); WORKERS=1 runs it in one process. The slow suite stays in one process: its tests start DDP ranks and
-# SLURM-like jobs of their own, with time limits measured that way.
+# The fast suite runs on every core (pytest-xdist: each test goes to the next free worker, except that a module
+# sharing a module-scoped fixture stays on one worker, which builds it once; tests/conftest.py gives each worker
+# its share of the cores as torch threads); WORKERS=1 runs it in one process. The slow suite stays in one process:
+# its tests start DDP ranks and SLURM-like jobs of their own, with time limits measured that way.
 WORKERS ?= auto
-XDIST   := $(if $(filter 1,$(WORKERS)),-p no:xdist,-n $(WORKERS) --dist loadscope)
+XDIST   := $(if $(filter 1,$(WORKERS)),-p no:xdist,-n $(WORKERS) --dist loadgroup)
 test: install
 	WANDB_MODE=offline $(PY) -m pytest -q $(XDIST)
 

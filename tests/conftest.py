@@ -7,6 +7,13 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers is imported anywhere
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "disabled")
+# Under pytest-xdist each worker (and every process a test starts) gets its share of the cores as torch / OpenMP
+# threads: N workers x all-core thread pools oversubscribe the machine and spin against each other. Set before
+# torch is imported anywhere in the worker; an explicit OMP_NUM_THREADS wins.
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    _share = max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
+    os.environ.setdefault("OMP_NUM_THREADS", str(_share))
+    os.environ.setdefault("MKL_NUM_THREADS", str(_share))
 
 import pytest  # noqa: E402
 
@@ -20,6 +27,16 @@ _BPE_CORPUS = [
     "Hello world! This is a test of the tokenizer, with numbers 12345 and punctuation; yes?",
     "Dense retrieval embeds queries and passages in one vector space; a dot product ranks them.",
 ]
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under `--dist loadgroup` a test is sent to whichever worker is free, except that a module whose tests share
+    a module- or class-scoped fixture (a trained run, an export, a prepared suite) stays on one worker, so the
+    fixture is built once. Balancing per test instead of per module keeps both cores busy to the end."""
+    for item in items:
+        defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+        if any(d.scope in ("module", "class") for fixdefs in defs.values() for d in fixdefs):
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
 
 
 @pytest.fixture(scope="session")

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
+from numpy._core import _multiarray_umath as umath
 
 from lmk.config.eval import LENGTHS
 from lmk.data import longembed, offline_pairs, replica
@@ -47,8 +48,6 @@ def cpu_simd() -> list[str]:
     """The SIMD targets numpy dispatches to on this CPU (e.g. ["X86_V3"]; AVX-512 machines add more). The same
     code and package versions gave other training pairs on another machine: BM25 hard negatives are picked among
     tied scores, whose order numpy's sort kernels may set per CPU, so the CPU is part of the environment."""
-    from numpy._core import _multiarray_umath as umath
-
     return [f for f in umath.__cpu_dispatch__ if umath.__cpu_features__.get(f)]
 
 
