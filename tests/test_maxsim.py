@@ -166,3 +166,48 @@ def test_scoring_settings_are_validated_and_hash_only_when_not_default() -> None
     # a run composed before these settings existed keeps its hash; a MaxSim run gets its own
     assert config_hash_of(OmegaConf.create({"eval": local})) == config_hash_of(before)
     assert config_hash_of(OmegaConf.create({"eval": {**local, "scoring": "maxsim"}})) != config_hash_of(before)
+
+
+def _compose(overrides: list[str]):
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        return compose("evaluate", overrides=overrides)
+
+
+OVERRIDES = ["eval=local", "eval.tasks=[LocalShort]", "eval.groups={local-short:[LocalShort]}",
+             "eval.query_max_length=64", "eval.passage_max_length=64", "eval.show_progress=false"]
+
+
+def test_evaluate_an_export_with_maxsim_records_the_scoring(lmk_model: EmbeddingModel, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    import lmk.eval.command as evaluate
+    import lmk.eval.evaluation as evaluation
+    from lmk.model.st_folder import export_sentence_transformers
+    from lmk.run.results import Results
+
+    rc = RetrievalCorpus.from_records("planted", "test", [{"id": f"d{i}", "text": t} for i, t in enumerate(DOCS)],
+                                      [{"id": f"q{i}", "text": t} for i, t in enumerate(DOCS)],
+                                      {f"q{i}": {f"d{i}": 1} for i in range(len(DOCS))})
+    monkeypatch.setattr(evaluation, "build_tasks", lambda cfg, check_offline=True: [LocalShort({"test": rc})])
+    export = export_sentence_transformers(lmk_model, tmp_path / "export")
+    for scoring in ("maxsim", "single"):
+        run = tmp_path / scoring
+        evaluate.run(_compose([f"model={export}", f"eval.scoring={scoring}", *OVERRIDES]), run_dir=run)
+        record = Results.read(run).eval
+        assert record.scoring == scoring and (run / record.per_query).is_file()
+        assert record.tasks["LocalShort"]["main_score"] == pytest.approx(1.0)
+    assert Results.read(tmp_path / "maxsim").eval.extra["maxsim_query"] == "landmarks"
+
+
+def test_evaluate_maxsim_on_cls_fails_before_loading(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import lmk.eval.command as evaluate
+    import lmk.eval.evaluation as evaluation
+
+    def never(*args, **kwargs):
+        raise AssertionError("the model must not be loaded")
+
+    monkeypatch.setattr(evaluation, "load_model", never)
+    cfg = _compose(["model=null", "encoder=tiny-modernbert", "pooling=cls", "eval.scoring=maxsim", *OVERRIDES])
+    with pytest.raises(ConfigError, match="pooling 'cls' .*has no landmarks"):
+        evaluate.run(cfg, run_dir=tmp_path / "run")

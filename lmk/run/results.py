@@ -74,6 +74,7 @@ class EvalRecord:
     query_max_length: int | None = None
     passage_max_length: int | None = None
     cache_dir: str | None = None  # the mteb ResultCache the scores are in (None: <run dir>/mteb_cache)
+    scoring: str = "single"  # eval.scoring the scores used: single (one vector, cosine) or maxsim (lmk.eval.maxsim)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
