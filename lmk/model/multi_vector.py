@@ -4,12 +4,12 @@ The `lmk` pooler averages the last hidden states at `pool_mask & attention_mask`
 positions for those controls) and L2-normalises the mean. `pooled_states` selects exactly those states, with the
 pooler's own fallback (a row with no pooled position: all its tokens), so the single vector of a text is the
 normalised mean of its `pooled_states` and MaxSim scoring (lmk.eval.maxsim) keeps the same states apart.
-`which="tokens"` gives every non-pad token's state instead (a MaxSim query as ColBERT encodes it).
+`which="tokens"` gives every non-pad token's state instead (a MaxSim query as ColBERT encodes it). The rule is
+`lmk.model.landmark.vector_mask`, the one a multi-vector export's mask module applies too.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -20,11 +20,8 @@ import torch.nn.functional as F
 from lmk.config.eval import no_landmarks_message
 from lmk.model.batching import fixed_batches, token_budget_batches
 from lmk.model.device import resolve_precision
+from lmk.model.landmark import vector_mask
 from lmk.model.pipeline import NonFiniteEmbeddingError
-
-log = logging.getLogger(__name__)
-
-STATES = ("landmarks", "tokens")
 
 
 def no_landmarks(model: Any) -> str | None:
@@ -40,17 +37,7 @@ def no_landmarks(model: Any) -> str | None:
 def pooled_states(hidden: torch.Tensor, attention_mask: torch.Tensor, pool_mask: torch.Tensor | None,
                   which: str = "landmarks") -> list[torch.Tensor]:
     """Per row of [B, T, H] hidden states, the [n_i, H] states of its pooled positions (float32, unnormalised)."""
-    if which not in STATES:
-        raise ValueError(f"which={which!r}: allowed {list(STATES)}")
-    attention = attention_mask.bool()
-    if which == "tokens":
-        keep = attention
-    else:
-        if pool_mask is None:
-            raise ValueError("landmark states need the pool_mask of a LandmarkTokenizer (an lmk pooling)")
-        keep = pool_mask.bool() & attention
-        # as the lmk pooler: a row with no pooled position falls back to all its tokens
-        keep = torch.where(keep.any(dim=1, keepdim=True), keep, attention)
+    keep = vector_mask(attention_mask, pool_mask, which)
     hidden = hidden.float()
     return [hidden[i, keep[i]] for i in range(hidden.shape[0])]
 
