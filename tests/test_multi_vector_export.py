@@ -132,3 +132,26 @@ def test_a_run_without_landmarks_is_refused_in_one_line(tmp_path: Path) -> None:
     with pytest.raises(PublishError, match="has no landmarks") as err:
         write_folder(run, tmp_path / "out", multi_vector=True)
     assert "\n" not in str(err.value) and not (tmp_path / "out").exists()
+
+
+def test_mteb_scores_the_folder_as_lmk_evaluate_maxsim(model: EmbeddingModel, tmp_path: Path) -> None:
+    """mteb's own multi-vector wrapper (MultiVectorWrapper, chosen by mteb.evaluate for a MultiVectorEncoder) on the
+    export gives the scores of lmk's eval.scoring=maxsim on a local task."""
+    import mteb
+    from sentence_transformers import MultiVectorEncoder
+
+    docs = ["the cat sat on the warm mat near the kitchen door while the dog slept",
+            "stock markets fell sharply after the bank raised rates", "a recipe for apple pie with cinnamon and butter",
+            "the rocket launched into orbit", "volcanic ash closed airports across europe"]
+    queries = ["where did the cat sit", "why did markets fall", "apple pie recipe", "rocket orbit", "ash airports"]
+    corpus = RetrievalCorpus.from_records("planted", "test", [{"id": f"d{i}", "text": t} for i, t in enumerate(docs)],
+                                          [{"id": f"q{i}", "text": t} for i, t in enumerate(queries)],
+                                          {f"q{i}": {f"d{i}": 1} for i in range(len(queries))})
+    cfg = EvalConfig(name="test", tasks=["LocalShort"], query_max_length=64, passage_max_length=64,
+                     show_progress=False, scoring="maxsim")
+    ours = run_suite(model, cfg, tmp_path / "cache", tasks=[LocalShort({"test": corpus})])["tasks"]["LocalShort"]
+    mve = MultiVectorEncoder(str(export_multi_vector(model, tmp_path / "mv")), trust_remote_code=True, device="cpu")
+    theirs = mteb.evaluate(mve, LocalShort({"test": corpus}), cache=None, show_progress_bar=False, co2_tracker=False,
+                           raise_error=True).task_results[0].scores["test"][0]
+    assert 0 < ours["main_score"] < 1  # not a trivial ranking
+    assert theirs["main_score"] == pytest.approx(ours["main_score"], abs=1e-5)
