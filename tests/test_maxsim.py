@@ -88,6 +88,15 @@ def test_maxsim_search_scores_equal_maxsim_by_hand(lmk_model: EmbeddingModel, qu
         assert found[f"q{qi}"] == pytest.approx(expected, abs=1e-4)
 
 
+def test_the_documents_held_at_once_fit_the_budget(lmk_model: EmbeddingModel) -> None:
+    encoder = build_encoder(lmk_model, cfg(maxsim_block_mb=1))
+    assert encoder.max_vectors() == 64 // 4 + 2
+    assert encoder.corpus_chunk_size == 2**20 // (18 * 256 * 4)  # 1 MiB of 18 x 256 float32 vectors per document
+    # the bound holds: a text at the passage length has no more landmark states
+    states = encode_states(lmk_model, ["word " * 200, "short"])
+    assert max(len(s) for s in states) <= encoder.max_vectors() and len(states[0]) >= 64 // 5
+
+
 def test_single_vector_is_the_normalised_mean_of_the_maxsim_states(lmk_model: EmbeddingModel) -> None:
     texts = DOCS + QUERIES
     single = lmk_model.encode(texts, batch_size=2)

@@ -10,7 +10,9 @@ size decides only which products are computed together, not their values.
 
 `LmkMaxSimEncoder` is the mteb side: mteb's own multi-vector search mixin (`MultiVectorSearchEncoderWrapper`: index
 the corpus, encode it in chunks, keep each query's top-k) over lmk's encoder, with this module's exact MaxSim as its
-similarity, so mteb's retrieval metrics and per-query scores are computed as for single-vector rows.
+similarity, so mteb's retrieval metrics and per-query scores are computed as for single-vector rows. The corpus
+chunk (the documents' vectors held at once) is sized to the same budget, from the most landmarks a document can
+have. The states are tokenized in the model's thread (no eval.workers processes on this path).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from mteb.models.sentence_transformer_wrapper import MultiVectorSearchEncoderWra
 from mteb.types import PromptType
 
 from lmk.eval.encoder import LmkEncoder
+from lmk.model.landmark import STRATEGY_TRAITS
 from lmk.model.multi_vector import encode_states, no_landmarks
 from lmk.model.pipeline import NonFiniteEmbeddingError
 
@@ -137,6 +140,16 @@ class LmkMaxSimEncoder(MultiVectorSearchEncoderWrapper, LmkEncoder):
         self.query_states, self.block_mb = query_states, block_mb
         self.search_seconds = 0.0  # MaxSim scoring time (the dry run's search cost beside the encode cost)
         super().__init__(model, *args, **kwargs)
+        # the documents encoded and held at once (mteb's corpus chunk): as many as fit the same budget at the most
+        # landmarks a document can have, not mteb's 50,000
+        self.corpus_chunk_size = max(1, int(block_mb * 2**20) // (self.max_vectors() * model.hidden_size * _BYTES))
+
+    def max_vectors(self) -> int:
+        """The most landmark states a document can have at the passage length: one pooled position per chunk (and a
+        lead one) for the chunked strategies, one per sentence of at least one token otherwise."""
+        tok = self.model.landmark_tokenizer
+        length = min(self.passage_max_length, self.model.max_positions)
+        return length // tok.chunk_size + 2 if STRATEGY_TRAITS[tok.strategy]["chunked"] else length // 2 + 1
 
     def _model_meta(self, tag: str | None) -> Any:
         meta = super()._model_meta(tag)
