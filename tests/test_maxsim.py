@@ -220,3 +220,17 @@ def test_evaluate_maxsim_on_cls_fails_before_loading(tmp_path: Path, monkeypatch
     cfg = _compose(["model=null", "encoder=tiny-modernbert", "pooling=cls", "eval.scoring=maxsim", *OVERRIDES])
     with pytest.raises(ConfigError, match="pooling 'cls' .*has no landmarks"):
         evaluate.run(cfg, run_dir=tmp_path / "run")
+
+
+def test_training_with_a_maxsim_evaluation_and_no_landmarks_fails_before_training() -> None:
+    from hydra import compose, initialize_config_dir
+
+    from lmk.train.trainer_args import validate_training
+
+    overrides = ["run_dir=/tmp/lmk-test-run", "eval=table2-tiny", "eval.scoring=maxsim"]
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        cfg = compose("train", overrides=["pooling=mean", *overrides])
+        ok = compose("train", overrides=overrides)
+    with pytest.raises(ConfigError, match="pooling 'mean' .*has no landmarks"):
+        validate_training(cfg)
+    assert validate_training(ok).eval.scoring == "maxsim"
