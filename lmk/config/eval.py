@@ -17,7 +17,18 @@ from lmk.config.schema import Coercible, ConfigError, at_least
 # The LongEmbed lengths (in "tokens" = words / 0.75) the synthetic tasks are regenerated at (lmk.data.longembed).
 LENGTHS: tuple[int, ...] = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 OVERWRITE_STRATEGIES: tuple[str, ...] = ("only-missing", "always")
+# How a retrieval task scores a query against a document: "single" (one pooled vector each, cosine) or "maxsim"
+# (late interaction over the pooled positions kept apart: lmk.eval.maxsim); and which states a MaxSim query is.
+SCORINGS: tuple[str, ...] = ("single", "maxsim")
+MAXSIM_QUERIES: tuple[str, ...] = ("landmarks", "tokens")
 TASK_OPTION_KEYS: tuple[str, ...] = ("eval_splits", "hf_subsets", "languages")
+
+
+def no_landmarks_message(pooling: str, pooler: str) -> str:
+    """The one line eval.scoring=maxsim gives for a pooling without landmark states (CLS, mean, latent attention)."""
+    return (f"eval.scoring=maxsim: pooling {pooling!r} (pooler {pooler!r}) has no landmarks: MaxSim scores the landmark "
+            "states an lmk pooler averages; evaluate an LMK pooling (lmk-fixed, lmk-sentence, lmk-variable) or set "
+            "eval.scoring=single")
 
 
 class EvalConfigError(ConfigError):
@@ -66,6 +77,14 @@ class EvalConfig(Coercible):
     cache_dir: str | None = None
     overwrite: str = "only-missing"
     show_progress: bool = True
+    # single: one vector per text (the pooler's), cosine. maxsim: a document is its landmark states (the positions
+    # the lmk pooler averages, L2-normalised each), a query its landmark states (maxsim_query=landmarks) or all its
+    # token states (tokens); score = sum over query vectors of the max over document vectors (needs pooler lmk).
+    scoring: str = "single"
+    maxsim_query: str = "landmarks"
+    # MiB of working memory one MaxSim block may take (similarities + the block's vectors); the scores do not depend
+    # on it (exact search)
+    maxsim_block_mb: int = at_least(1, 256)
     # What the training job itself evaluates (the eval callback): "all" the suite, "none" (the sweep's eval
     # stage evaluates the trained model as separate jobs, lmk.sweep.eval_stage), or a list of group names (a small
     # dev subset).
@@ -105,6 +124,10 @@ class EvalConfig(Coercible):
             raise EvalConfigError(f"eval.lengths={self.lengths!r}: lengths repeat")
         if len(set(self.tasks)) != len(self.tasks):
             raise EvalConfigError(f"eval.tasks={self.tasks!r}: a task is listed twice")
+        if self.scoring not in SCORINGS:
+            raise EvalConfigError(f"eval.scoring={self.scoring!r}: allowed {list(SCORINGS)}")
+        if self.maxsim_query not in MAXSIM_QUERIES:
+            raise EvalConfigError(f"eval.maxsim_query={self.maxsim_query!r}: allowed {list(MAXSIM_QUERIES)}")
         if self.overwrite not in OVERWRITE_STRATEGIES:
             raise EvalConfigError(f"eval.overwrite={self.overwrite!r}: allowed {list(OVERWRITE_STRATEGIES)}")
         # `eval.tasks=[...]` on the command line runs a subset of a suite: groups with none of their tasks

@@ -5,7 +5,8 @@
     suites.py     suite config -> mteb tasks (names checked, hub tasks pointed at the mirror)
     tasks.py      local tasks (@local_task): regenerated passkey / needle, long documents, docstrings
     encoder.py    the mteb encoder adapter around EmbeddingModel
-    runner.py     run_suite: mteb.evaluate per task, resumable cache, per-query scores
+    runner.py     run_suite: mteb.evaluate per task, resumable cache, per-query scores; build_encoder (the scoring)
+    maxsim.py     eval.scoring=maxsim: exact blocked MaxSim over landmark states, mteb's multi-vector search
     callback.py   the Lightning callback (suite during / at the end of training)
     scoring.py    group means, LongEmbed averaging, paired t-tests
     replicas.py   offline replicas of the paper's eval datasets in their hub layout
@@ -24,7 +25,8 @@ __all__, __getattr__ = interface(__name__, {
     "lmk.eval.encoder": ("LmkEncoder",),
     "lmk.eval.mteb_model": ("load_model", "model_meta", "n_parameters", "save_results"),
     "lmk.eval.replicas": ("REPLICAS", "Sizes", "replica_fingerprint", "task_dataset", "write_replicas"),
-    "lmk.eval.runner": ("run_suite",),
+    "lmk.eval.maxsim": ("LmkMaxSimEncoder", "NoLandmarksError", "maxsim_blocks", "maxsim_scores"),
+    "lmk.eval.runner": ("build_encoder", "run_suite"),
     "lmk.eval.scoring": ("LONGEMBED6", "group_scores", "load_per_query", "longembed6_score", "paired_ttest",
                          "per_query_scores", "pytrec_measure", "summarize_scores"),
     "lmk.eval.suites": ("UnknownTaskError", "build_tasks", "check_task_names"),

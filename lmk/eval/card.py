@@ -187,6 +187,38 @@ results = mteb.evaluate(model, mteb.get_tasks(tasks=["SciFact"]))
 ```"""
 
 
+def _scoring(results: Results, multi_vector: bool) -> str:
+    """Which scoring the card's scores used (results.json's eval record), and what the folder's vectors are."""
+    scored = results.eval.scoring if results.eval.tasks else None
+    how = {"single": "`eval.scoring=single`: one vector per text (the mean of its landmark states), cosine",
+           "maxsim": "`eval.scoring=maxsim`: each text's landmark states, MaxSim"}
+    lines = [f"Scores computed with {how.get(scored, repr(scored))}."] if scored else []
+    if multi_vector:
+        lines.append("This folder is a multi-vector model (sentence-transformers `MultiVectorEncoder`): it gives "
+                     "each text's landmark states, scored by MaxSim.")
+        if scored == "single":
+            lines.append("Its MaxSim scores: `python -m lmk.evaluate model=<run> eval.scoring=maxsim record=true`, "
+                         "then export again.")
+    return " ".join(lines)
+
+
+def _mv_usage(source: str, model: EmbeddingModel, length: int) -> str:
+    return f"""With sentence-transformers alone (>= 6): the folder carries the code of its modules, hence
+`trust_remote_code=True` (read the folder's `.py` files first). Texts are cut to {length} tokens after landmark
+insertion. A text is its landmark states, each L2-normalised; `lmk.export.load_exported` reads the folder as the
+LMK model of the same states (`python -m lmk.evaluate model=<folder> eval.scoring=maxsim`).
+{needed_packages(model.landmark_tokenizer)}
+
+```python
+from sentence_transformers import MultiVectorEncoder
+
+model = MultiVectorEncoder("{source}", trust_remote_code=True)
+docs = model.encode_document(["Landmarks summarise the chunk before them.", "Bananas are yellow."])
+queries = model.encode_query(["What is landmark pooling?"])
+print(model.similarity(queries, docs))   # MaxSim
+```"""
+
+
 def _what(model: EmbeddingModel, evaluated: bool) -> str:
     pool = model.pooling_cfg
     label = pool.label if pool else model.name
@@ -198,7 +230,7 @@ def _what(model: EmbeddingModel, evaluated: bool) -> str:
 
 def model_card(*, meta: ModelMeta, model: EmbeddingModel, results: Results, config: dict[str, Any],
                row: TableRow | None, task_results: list[TaskResult], source: str,
-               length: int | None = None) -> str:
+               length: int | None = None, multi_vector: bool = False) -> str:
     """The card's text: the metadata block, then the sections of the module doc."""
     enc = model.encoder_cfg
     base = meta.adapted_from or (f"`{enc.name}` ({enc.source} encoder)" if enc else "unknown")
@@ -208,6 +240,8 @@ def model_card(*, meta: ModelMeta, model: EmbeddingModel, results: Results, conf
                            for name, entry in data.items()) or "- not recorded"
     fingerprint = results.data_fingerprint or "not recorded"
     licence = "" if meta.license != "other" else f" (the licence of the base model {base} applies)"
+    length = length or model.passage_max_length
+    usage = _mv_usage(source, model, length) if multi_vector else _usage(source, meta, model, length)
     return f"""---
 {_metadata(meta, results, task_results)}---
 
@@ -243,11 +277,13 @@ pins the expected ones).
 
 ## Scores
 
+{_scoring(results, multi_vector)}
+
 {_scores(task_results, meta)}
 
 ## Use
 
-{_usage(source, meta, model, length or model.passage_max_length)}
+{usage}
 
 ## Citation
 

@@ -26,10 +26,10 @@ import hydra
 from omegaconf import DictConfig
 
 from lmk.config import CONF_DIR, ConfigError
-from lmk.config.eval import EvalConfig
+from lmk.config.eval import EvalConfig, no_landmarks_message
 from lmk.config.model import EncoderConfig, PoolingConfig
 from lmk.hub.offline import is_hub_id
-from lmk.run.cli import hydra_task, run_app
+from lmk.run.cli import group_overridden, hydra_task, run_app
 from lmk.run.results import STATUS_DONE, read_results
 
 
@@ -53,10 +53,26 @@ def validate_config(cfg: DictConfig) -> None:
     if model not in (None, "", "null") and not is_hub_id(model) and not Path(str(model)).expanduser().exists():
         raise ConfigError(f"model={model!r} does not exist; give a training run dir, an exported model "
                                 "folder, a .ckpt, a Hugging Face encoder (folder or hub id owner/name) or null")
+    check_scoring(cfg)
     # fast path: mteb's task registry (seconds) loads only once the config validated
     from lmk.eval.preflight import preflight
 
     preflight(cfg)  # eval task names resolve (mteb's registry, offline), the hub mirror is set
+
+
+def check_scoring(cfg: DictConfig) -> None:
+    """eval.scoring=maxsim needs landmark states: a pooling whose pooler is lmk. Checked here where the pooling is
+    known without loading (the pooling config of an untrained or hub model, a cross-pooling, a training run's
+    results.json); the loaded model is checked again before anything is encoded."""
+    if (cfg.get("eval") or {}).get("scoring") != "maxsim":
+        return
+    model, pooling = cfg.get("model"), cfg.get("pooling")
+    if model not in (None, "", "null") and not is_hub_id(model) and not group_overridden("pooling"):
+        folder = Path(str(model)).expanduser()
+        pooling = ((read_results(folder) if folder.is_dir() else {}).get("config") or {}).get("pooling")
+    if not pooling or pooling.get("pooler", "lmk") == "lmk":
+        return
+    raise ConfigError(no_landmarks_message(str(pooling.get("name")), str(pooling.get("pooler"))))
 
 
 def check_record_target(model: Any) -> None:

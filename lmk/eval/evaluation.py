@@ -24,18 +24,12 @@ from lmk.eval.suites import build_tasks
 from lmk.hub.artifacts import check_available
 from lmk.model.device import resolve_device, resolve_precision
 from lmk.model.loading import load_model
+from lmk.model.multi_vector import no_landmarks
+from lmk.run.cli import group_overridden
 from lmk.run.loggers import build_logger, finish_loggers, use_hydra_logging
 from lmk.run.results import Timer, config_hash_of, git_commit, update_results
 
 log = logging.getLogger(__name__)
-
-
-def _pooling_overridden() -> bool:
-    try:
-        overrides = HydraConfig.get().overrides.task
-    except Exception:  # not under Hydra (tests call run() directly)
-        return False
-    return any(o.lstrip("+~").split("=", 1)[0].split(".", 1)[0] == "pooling" for o in overrides)
 
 
 def _record(cfg: DictConfig, info: dict[str, Any], section: dict[str, Any], out_dir: Path,
@@ -86,13 +80,16 @@ def evaluate(cfg: DictConfig, run_dir: str | os.PathLike | None = None, cross_po
             model, info = load_model(cfg.get("model"), seeded.get("encoder"), cfg.get("pooling"), int(cfg.get("seed", 0)),
                                      trust_remote_code=bool(cfg.get("trust_remote_code", False)))
             if cross_pooling is None:
-                cross_pooling = _pooling_overridden()
+                cross_pooling = group_overridden("pooling")
             # a plain HF encoder was built with cfg.pooling already: nothing to swap
             if cfg.get("model") not in (None, "") and cross_pooling and info["kind"] != "hf-encoder":
                 trained = model.pooling_cfg.label if model.pooling_cfg is not None else "?"
                 model = model.with_pooling(cfg.pooling)
                 log.info("cross-pooling: trained with %s, evaluating with %s", trained, model.pooling_cfg.label)
                 info["trained_pooling"] = trained
+            why = no_landmarks(model) if eval_cfg.scoring == "maxsim" else None
+            if why is not None:  # before any text is encoded
+                raise ConfigError(why)
             model = model.to(device)
             info.update(name=model.name, fingerprint=model.fingerprint(),
                         pooling=model.pooling_cfg.label if model.pooling_cfg is not None else None,

@@ -1,6 +1,7 @@
 """`python -m lmk.export <run dir>` (lmk/export.py runs this): a trained run -> a shareable model folder, and the hub.
 
     python -m lmk.export outputs/table2/mini/train/lmk-fixed-32 --out shared/lmk-fixed-32
+    python -m lmk.export outputs/table2/mini/train/lmk-fixed-32 --multi-vector --out shared/lmk-fixed-32-maxsim
     HF_TOKEN=... python -m lmk.export outputs/table2/mini/train/lmk-fixed-32 --push-to-hub me/lmk-fixed-32 [--private]
 
 The folder holds the model (its code travels, so sentence-transformers loads it without lmk), a model card built
@@ -27,6 +28,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--table", default=None, help="the table JSON holding the run's row (default: found above the run)")
     p.add_argument("--license", default=None, help="the card's licence (default: the base model's, or lmk's for a "
                    "random init)")
+    p.add_argument("--multi-vector", action="store_true", help="a sentence-transformers MultiVectorEncoder folder: "
+                   "each text's landmark states, scored by MaxSim (LMK poolings only)")
     p.add_argument("--base-model", default=None, help="the hub id of the base model (default: read from the encoder)")
     return p
 
@@ -35,7 +38,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     with quiet_progress_bars():  # loading and writing one model: seconds, one line of result below
         pub = publish(args.run_dir, out=args.out, repo_id=args.push_to_hub, private=args.private,
-                      revision=args.revision, table=args.table, license_=args.license, base=args.base_model)
+                      revision=args.revision, table=args.table, license_=args.license, base=args.base_model,
+                      multi_vector=args.multi_vector)
     if args.out:
         print(f"[lmk.export] {pub.meta.name} (weights {pub.meta.revision}) written to {pub.folder}")
     if pub.pushed:

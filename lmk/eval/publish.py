@@ -40,7 +40,7 @@ from lmk.eval.mteb_model import FRAMEWORK, PAPER, citation, load_model, n_parame
 from lmk.hub.push import Pushed, check_push, push_folder
 from lmk.model.backbone import package_model_path
 from lmk.model.loading import load_model as load_run_model
-from lmk.model.st_folder import export_sentence_transformers
+from lmk.model.st_folder import export_multi_vector, export_sentence_transformers
 from lmk.run.results import STATUS_DONE, EvalRecord, Results
 
 log = logging.getLogger(__name__)
@@ -185,7 +185,7 @@ def usage_source(out: Path, repo_id: str | None) -> str:
 
 
 def write_folder(run_dir: str | Path, out: str | Path, *, repo_id: str | None = None, table: str | Path | None = None,
-                 license_: str | None = None, base: str | None = None) -> Publication:
+                 license_: str | None = None, base: str | None = None, multi_vector: bool = False) -> Publication:
     """Write the publication folder of a finished run (see the module doc); nothing is uploaded. The folder appears
     whole or not at all: it is written beside `out` and renamed into place."""
     run_dir, out = Path(run_dir), Path(out)
@@ -208,7 +208,7 @@ def write_folder(run_dir: str | Path, out: str | Path, *, repo_id: str | None = 
     staging.chmod(0o777 & ~umask)  # mkdtemp's 0700 would stay on the published folder
     try:
         meta, row = _write(run_dir, staging, model, results, section, out=out, repo_id=repo_id, table=table,
-                           license_=license_, base=base)
+                           license_=license_, base=base, multi_vector=multi_vector)
         if out.exists():
             out.rmdir()  # empty (checked above)
         staging.rename(out)
@@ -219,15 +219,19 @@ def write_folder(run_dir: str | Path, out: str | Path, *, repo_id: str | None = 
 
 
 def _write(run_dir: Path, folder: Path, model: Any, results: Results, section: EvalRecord | None, *, out: Path,
-           repo_id: str | None, table: str | Path | None, license_: str | None, base: str | None
-           ) -> tuple[ModelMeta, TableRow | None]:
+           repo_id: str | None, table: str | Path | None, license_: str | None, base: str | None,
+           multi_vector: bool = False) -> tuple[ModelMeta, TableRow | None]:
     length = min(model.passage_max_length, model.max_positions)
     scored = None
     if section is not None:  # the length the scores were computed at: sentence-transformers' and lmk's default
         length = min(int(section.passage_max_length or model.max_positions), model.max_positions)
         scored = {"query_max_length": min(int(section.query_max_length or length), model.max_positions),
                   "passage_max_length": length}
-    export_sentence_transformers(model, folder, max_length=length, scored_at=scored)
+    export = export_multi_vector if multi_vector else export_sentence_transformers
+    try:
+        export(model, folder, max_length=length, scored_at=scored)
+    except ValueError as err:  # a pooling without landmarks has no multi-vector form
+        raise PublishError(f"{run_dir}: {err}") from None
     encoder = model.encoder_cfg
     base = base or (base_model(encoder) if encoder else None)
     license_ = license_ or (base_license(encoder) if encoder else "other")
@@ -240,13 +244,13 @@ def _write(run_dir: Path, folder: Path, model: Any, results: Results, section: E
     config = {k: results.config[k] for k in CONFIG_SECTIONS if k in results.config}
     (folder / "README.md").write_text(model_card(meta=meta, model=model, results=results, config=config, row=row,
                                                  task_results=results_found, source=usage_source(out, repo_id),
-                                                 length=length))
+                                                 length=length, multi_vector=multi_vector))
     return meta, row
 
 
 def publish(run_dir: str | Path, *, out: str | Path | None = None, repo_id: str | None = None, private: bool = False,
             revision: str | None = None, table: str | Path | None = None, license_: str | None = None,
-            base: str | None = None) -> Publication:
+            base: str | None = None, multi_vector: bool = False) -> Publication:
     """Write the folder (into `out`, else a temporary one) and, with `repo_id`, push it to the hub."""
     if out is None and repo_id is None:
         raise PublishError("nothing to do: give --out DIR (write the folder) and/or --push-to-hub <org>/<name>")
@@ -254,7 +258,7 @@ def publish(run_dir: str | Path, *, out: str | Path | None = None, repo_id: str 
         check_push(repo_id, verify=True)  # no token, a refused token, offline, a bad id: before the model loads
     with tempfile.TemporaryDirectory(prefix="lmk-publish-") as scratch:
         pub = write_folder(run_dir, Path(out) if out else Path(scratch) / "model", repo_id=repo_id, table=table,
-                           license_=license_, base=base)
+                           license_=license_, base=base, multi_vector=multi_vector)
         if repo_id:
             pub.pushed = push_folder(pub.folder, repo_id, private=private, revision=revision,
                                      message=f"Upload {pub.meta.name} (lmk, weights {pub.meta.revision})")

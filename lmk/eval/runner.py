@@ -26,6 +26,7 @@ from mteb.abstasks.aggregated_task import AbsTaskAggregate
 
 from lmk.config.eval import EvalConfig
 from lmk.eval.encoder import LmkEncoder
+from lmk.eval.maxsim import LmkMaxSimEncoder
 from lmk.eval.scoring import group_scores, metric_key, per_query_scores, split_key, summarize_scores
 from lmk.eval.suites import build_tasks
 from lmk.run.loggers import quiet_progress_bars
@@ -234,6 +235,16 @@ def _evaluate_task(task: AbsTask, encoder: LmkEncoder, cache: mteb.ResultCache, 
     return summary, pq, seconds
 
 
+def build_encoder(model: EmbeddingModel, cfg: EvalConfig, tag: str | None = None) -> LmkEncoder:
+    """The mteb model of `cfg.scoring`: one vector per text (single) or lmk's landmark states under MaxSim."""
+    kwargs: dict[str, Any] = dict(show_progress=cfg.show_progress, tag=tag, max_tokens_per_batch=cfg.max_tokens_per_batch,
+                                  precision=cfg.precision, workers=cfg.workers, prefetch=cfg.prefetch)
+    if cfg.scoring == "maxsim":
+        kwargs.update(query_states=cfg.maxsim_query, block_mb=cfg.maxsim_block_mb)
+        return LmkMaxSimEncoder(model, cfg.query_max_length, cfg.passage_max_length, cfg.batch_size, **kwargs)
+    return LmkEncoder(model, cfg.query_max_length, cfg.passage_max_length, cfg.batch_size, **kwargs)
+
+
 @quiet_progress_bars()  # mteb's per-task dataset maps: one bar each, seconds of work
 def run_suite(
     model: EmbeddingModel,
@@ -264,9 +275,7 @@ def run_suite(
     out_dir = Path(out_dir) if out_dir is not None else cache_dir.parent
     # the model is already where it runs (lmk.evaluate / the callback put it there); precision "auto"
     # resolves against that device
-    encoder = LmkEncoder(model, cfg.query_max_length, cfg.passage_max_length, cfg.batch_size,
-                         show_progress=cfg.show_progress, tag=tag, max_tokens_per_batch=cfg.max_tokens_per_batch,
-                         precision=cfg.precision, workers=cfg.workers, prefetch=cfg.prefetch)
+    encoder = build_encoder(model, cfg, tag)
     meta = encoder.mteb_model_meta
     cache = mteb.ResultCache(cache_path=cache_dir)
     store = cache_dir / "per_query" / meta.model_name_as_path() / str(meta.revision) / (meta.experiment_name or "")
@@ -291,6 +300,9 @@ def run_suite(
                    device=str(getattr(model, "device", "cpu")), precision=encoder.precision,
                    passage_max_length=cfg.passage_max_length, n_truncated=encoder.n_truncated,
                    n_encoded=encoder.n_texts, timings=timings)
+    section["scoring"] = cfg.scoring  # which scoring these results used (tables name the block by it)
+    if isinstance(encoder, LmkMaxSimEncoder):
+        section.update(maxsim_query=cfg.maxsim_query, maxsim_search_seconds=round(encoder.search_seconds, 3))
     if per_query_file:
         _write_json(out_dir / per_query_file, per_query)
         section["per_query"] = per_query_file

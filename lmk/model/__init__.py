@@ -7,6 +7,7 @@
     batching.py      inference batches by rows or by token budget; device.py: eval device and precision
     long_attention.py  sliding-window layers without a dense T x T mask at inference
     st_folder.py     an EmbeddingModel as a sentence-transformers folder carrying landmark/'s files; load_exported
+    multi_vector.py  a text as its landmark states kept apart (MaxSim scoring), the states the lmk pooler averages
     loading.py       any model reference (run folder, export, .ckpt, HF encoder) -> EmbeddingModel
     modernbert_tokenizer.py  an offline tokenizer that behaves like ModernBERT's (rehearsal)
 """
@@ -19,9 +20,11 @@ __all__, __getattr__ = interface(__name__, {
     "lmk.model.device": ("autocast", "resolve_device", "resolve_precision"),
     "lmk.model.checkpoint": ("CheckpointRefused", "allowed_types", "check_checkpoint", "load_checkpoint"),
     "lmk.model.embedding": ("EmbeddingModel", "make_tokenizer"),
-    "lmk.model.st_folder": ("CODE_DIR", "ExportFolderError", "LegacyExportPooling", "code_files", "export_sentence_transformers",
-                         "is_export", "load_exported", "needed_packages"),
+    "lmk.model.st_folder": ("CODE_DIR", "ExportFolderError", "LegacyExportPooling", "code_files", "export_multi_vector",
+                         "export_sentence_transformers", "is_export", "is_multi_vector", "load_exported",
+                         "needed_packages", "to_multi_vector_encoder"),
     "lmk.model.loading": ("load_hf_encoder", "load_model"),
+    "lmk.model.multi_vector": ("encode_states", "no_landmarks", "pooled_states"),
     "lmk.model.long_attention": ("BLOCK", "LEAN_SDPA", "banded_attention", "guard_padded_rows",
                                  "lean_attention"),
     "lmk.model.pipeline": ("EncodeError", "NonFiniteEmbeddingError", "WINDOW", "collate", "resolve_workers",

@@ -288,6 +288,14 @@ class EmbeddingModel(torch.nn.Module):
 
     def _embed(self, feats: dict[str, torch.Tensor], precision: str, unpadded: bool | None = None) -> torch.Tensor:
         """Inference forward of one tokenized batch -> float32 [B, H] embeddings."""
+        hidden = self.hidden_states(feats, precision, unpadded)
+        # pool and normalise in float32 whatever the autocast dtype
+        return self.pooler(hidden, feats["attention_mask"], feats.get("pool_mask")).float()
+
+    def hidden_states(self, feats: dict[str, torch.Tensor], precision: str, unpadded: bool | None = None
+                      ) -> torch.Tensor:
+        """Inference forward of one tokenized batch (on the model's device) -> float32 last hidden states [B, T, H]:
+        what the pooler pools, and what multi-vector scoring (lmk.model.multi_vector) keeps apart."""
         inputs = {k: feats[k] for k in _BACKBONE_KEYS if k in feats}
         if unpadded is None:
             unpadded = inputs["input_ids"].shape[0] == 1 and bool(feats["attention_mask"].all())
@@ -297,8 +305,7 @@ class EmbeddingModel(torch.nn.Module):
             inputs.pop("attention_mask", None)
         with autocast(self.device, precision), lean_attention(self.backbone):
             hidden = self.backbone(**inputs).last_hidden_state
-        # pool and normalise in float32 whatever the autocast dtype
-        return self.pooler(hidden.float(), feats["attention_mask"], feats.get("pool_mask")).float()
+        return hidden.float()
 
     # ------------------------------------------------------------------------------ persistence
     def config_dict(self) -> dict[str, Any]:

@@ -37,7 +37,8 @@ from transformers import AutoConfig, AutoModel
 from lmk.config import UserError
 from lmk.config.model import EncoderConfig, PoolingConfig
 from lmk.model.embedding import EmbeddingModel
-from lmk.model.landmark import POOLERS, LandmarkTransformer, Pooler, build_pooler
+from lmk.model.landmark import POOLERS, LandmarkTransformer, LandmarkVectorMask, Pooler, build_pooler
+from lmk.model.multi_vector import no_landmarks
 
 CODE_DIR = Path(__file__).resolve().parent / "landmark"
 OLD_MODULES = ("lmk.export.LandmarkTransformer", "lmk.export.LandmarkPooling")
@@ -89,18 +90,58 @@ def export_sentence_transformers(model: EmbeddingModel, path: str | os.PathLike,
     path = Path(path)
     st = to_sentence_transformer(model, max_length=max_length, scored_at=scored_at)
     st.save(str(path), create_model_card=False)
+    _carry_code(path, st)
+    (path / "README.md").write_text(_README.format(name=model.name, max_len=st[0].max_seq_length,
+                                                   pooling=json.dumps(model.pooling_cfg.to_dict()),
+                                                   needs=needed_packages(model.landmark_tokenizer)))
+    return path
+
+
+def to_multi_vector_encoder(model: EmbeddingModel, max_length: int | None = None,
+                            scored_at: dict[str, int] | None = None, queries: str = "landmarks") -> Any:
+    """A sentence-transformers MultiVectorEncoder sharing `model`'s backbone and tokenizer: the landmark input module,
+    `LandmarkVectorMask` (documents keep their landmark states; queries theirs, or all tokens with
+    `queries="tokens"`) and sentence-transformers' own per-vector `Normalize`, scored by MaxSim."""
+    # sentence-transformers >= 6 only (MultiVectorEncoder): the single-vector path keeps working with 5.x
+    from sentence_transformers import MultiVectorEncoder
+    from sentence_transformers.base.modules import Normalize  # same: 6.x's module path
+
+    why = no_landmarks(model)
+    if why is not None:
+        raise ValueError(why.replace("eval.scoring=maxsim", "a multi-vector export", 1))
+    first = to_sentence_transformer(model, max_length=max_length, scored_at=scored_at)[0]
+    modules = [first, LandmarkVectorMask(queries), Normalize(module_input_name="token_embeddings")]
+    return MultiVectorEncoder(modules=modules, device=str(model.device), similarity_fn_name="maxsim")
+
+
+def export_multi_vector(model: EmbeddingModel, path: str | os.PathLike, max_length: int | None = None,
+                        scored_at: dict[str, int] | None = None, queries: str = "landmarks") -> Path:
+    """Write a sentence-transformers MultiVectorEncoder folder that carries its code (see `to_multi_vector_encoder`):
+    `MultiVectorEncoder(path, trust_remote_code=True)` gives a text's normalised landmark states, the vectors lmk's
+    `eval.scoring=maxsim` scores with; `load_exported` reads it back as the LMK single-vector model of the same
+    states."""
+    path = Path(path)
+    mve = to_multi_vector_encoder(model, max_length=max_length, scored_at=scored_at, queries=queries)
+    mve.save(str(path), create_model_card=False)
+    _carry_code(path, mve)
+    (path / "README.md").write_text(_MV_README.format(name=model.name, max_len=mve[0].max_seq_length, queries=queries,
+                                                      pooling=json.dumps(model.pooling_cfg.to_dict()),
+                                                      needs=needed_packages(model.landmark_tokenizer)))
+    return path
+
+
+def _carry_code(path: Path, st: Any) -> None:
+    """modules.json names lmk's modules by the folder's copies of their files, which are copied in (with the
+    licence); sentence-transformers' own modules keep their import path."""
     modules = json.loads((path / "modules.json").read_text())
     for entry, module in zip(modules, st):
-        entry["type"] = class_ref(module)  # not lmk's import path: the folder's own copy
+        if not type(module).__module__.startswith("sentence_transformers."):
+            entry["type"] = class_ref(module)  # not lmk's import path: the folder's own copy
     (path / "modules.json").write_text(json.dumps(modules, indent=2))
     for file in code_files():
         shutil.copyfile(file, path / file.name)
     shutil.copyfile(CODE_DIR / "LICENSE", path / "LICENSE")  # lmk's licence, for the code that travels
     _normalise_tokenizer_config(path / "tokenizer_config.json")
-    (path / "README.md").write_text(_README.format(name=model.name, max_len=st[0].max_seq_length,
-                                                   pooling=json.dumps(model.pooling_cfg.to_dict()),
-                                                   needs=needed_packages(model.landmark_tokenizer)))
-    return path
 
 
 # how the tokenizer was loaded this time (HF_HUB_OFFLINE, a cache or a folder), not what it is: left out, so an
@@ -233,14 +274,22 @@ def _modules(path: Path) -> list[dict[str, Any]]:
         types = [str(m["type"]) for m in modules]
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise ExportFolderError(f"{file} does not read as a module list ({type(err).__name__}); {REFETCH}") from None
+    if is_multi_vector(types):
+        return modules
     if len(modules) != 2 or not types[0].endswith(".LandmarkTransformer"):
-        raise ExportFolderError(f"{file}: an lmk export has two modules (LandmarkTransformer, a pooler), found "
-                                f"{types}; {REFETCH}")
+        raise ExportFolderError(f"{file}: an lmk export has two modules (LandmarkTransformer, a pooler), or three "
+                                f"for a multi-vector one (+ LandmarkVectorMask, Normalize), found {types}; {REFETCH}")
     try:
         _pooler_class(types[1])
     except ValueError as err:
         raise ExportFolderError(f"{file}: {err}; {REFETCH}") from None
     return modules
+
+
+def is_multi_vector(types: list[str]) -> bool:
+    """modules.json's types are those `export_multi_vector` writes."""
+    return len(types) == 3 and types[0].endswith(".LandmarkTransformer") and \
+        types[1].endswith(".LandmarkVectorMask") and types[2].endswith(".Normalize")
 
 
 def check_folder(path: str | os.PathLike) -> list[dict[str, Any]]:
@@ -250,14 +299,16 @@ def check_folder(path: str | os.PathLike) -> list[dict[str, Any]]:
     modules = _modules(path)
     _check_safetensors(path / modules[0].get("path", "") / "model.safetensors")
     _check_config(path / modules[0].get("path", ""))
-    for file in sorted((path / modules[1]["path"]).glob("*.safetensors")) if modules[1].get("path") else []:
+    pooler = modules[1] if len(modules) == 2 else {}  # a multi-vector export's mask has no weights
+    for file in sorted((path / pooler["path"]).glob("*.safetensors")) if pooler.get("path") else []:
         _check_safetensors(file)
     return modules
 
 
 def load_exported(path: str | os.PathLike, device: str | None = "cpu", query_max_length: int | None = None,
                   passage_max_length: int | None = None) -> EmbeddingModel:
-    """An exported folder -> EmbeddingModel, built from lmk's own classes (no code from the folder runs).
+    """An exported folder -> EmbeddingModel, built from lmk's own classes (no code from the folder runs). A
+    multi-vector export loads as the LMK model of the same states (pooler lmk: `eval.scoring=maxsim` scores them).
 
     Both sides default to the folder's `max_seq_length` (landmark_config.json), the length sentence-transformers
     cuts texts at: the same folder gives the same embeddings either way unless a length is given here."""
@@ -267,7 +318,10 @@ def load_exported(path: str | os.PathLike, device: str | None = "cpu", query_max
     modules = check_folder(path)
     try:
         first = LandmarkTransformer.load(str(path), subfolder=modules[0]["path"])
-        pooler = _pooler_class(modules[1]["type"]).load(str(path), subfolder=modules[1]["path"])
+        if len(modules) == 2:
+            pooler = _pooler_class(modules[1]["type"]).load(str(path), subfolder=modules[1]["path"])
+        else:  # multi-vector: its vectors are the landmark states the lmk pooler averages
+            pooler = build_pooler("lmk")
     except (OSError, ValueError, RuntimeError, KeyError, TypeError) as err:  # a module's config lmk cannot read
         first_line = (str(err).strip().splitlines() or [type(err).__name__])[0]
         raise ExportFolderError(f"{path}: a module's settings do not load ({first_line[:300]}); {REFETCH}") from err
@@ -301,6 +355,32 @@ from transformers import AutoConfig, AutoModel
 model = SentenceTransformer("PATH", trust_remote_code=True)   # runs the folder's own module code
 model.max_seq_length = 8192   # default {max_len}; longer inputs are truncated after landmark insertion
 emb = model.encode(["a text"])                                 # already L2-normalised
+```
+
+{needs}
+
+Pooling: `{pooling}`
+"""
+
+
+_MV_README = """---
+library_name: sentence-transformers
+tags: [sentence-transformers, lmk, landmark-pooling, multi-vector, late-interaction]
+---
+# {name} (multi-vector)
+
+Landmark (LMK) model written by `lmk` as a sentence-transformers `MultiVectorEncoder`: a text is its landmark
+states (one per chunk, each L2-normalised), not their mean, and texts are scored by **MaxSim** (the sum over the
+query's vectors of the max over the document's). Documents keep their landmark states; queries keep {queries}
+(`LandmarkVectorMask`). This is lmk's `eval.scoring=maxsim`. The folder carries the code of its modules:
+
+```python
+from sentence_transformers import MultiVectorEncoder
+model = MultiVectorEncoder("PATH", trust_remote_code=True)   # runs the folder's own module code
+model.max_seq_length = 8192   # default {max_len}; longer inputs are truncated after landmark insertion
+docs = model.encode_document(["a text", "another text"])       # one [landmarks, dim] tensor per text
+queries = model.encode_query(["a question"])
+print(model.similarity(queries, docs))                         # MaxSim
 ```
 
 {needs}

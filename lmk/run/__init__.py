@@ -16,7 +16,8 @@ from lmk import interface
 
 __all__, __getattr__ = interface(__name__, {
     "lmk.run.checkpoint_dir": ("SUPERSEDED_DIR", "TMP_MARK", "candidates", "clear_partial_saves", "move_aside"),
-    "lmk.run.cli": ("error_line", "error_lines", "full_errors", "guard", "hydra_task", "report", "run_app"),
+    "lmk.run.cli": ("error_line", "error_lines", "full_errors", "group_overridden", "guard", "hydra_task", "report",
+                    "run_app"),
     "lmk.run.cluster": ("SubmititEnvironment", "cluster_plugins", "emulate_slurm", "slurm_task_env",
                         "submitit_rank", "under_submitit_local"),
     "lmk.run.console": ("console_stream", "interactive", "redirected", "verbose"),

@@ -79,6 +79,16 @@ def _multirun() -> bool:
         return False
 
 
+def group_overridden(group: str) -> bool:
+    """Whether the running Hydra job's command line set `group` (e.g. `pooling=` to cross-pool a trained model);
+    False outside Hydra (tests call the commands' functions directly)."""
+    try:
+        overrides = HydraConfig.get().overrides.task
+    except Exception:  # not under Hydra
+        return False
+    return any(o.lstrip("+~").split("=", 1)[0].split(".", 1)[0] == group for o in overrides)
+
+
 def hydra_task(task: Callable[[Any], Any]) -> Callable[[Any], Any]:
     """Wrap a Hydra task function (under `@hydra.main`). In a multirun (a sweep's job) the job's own output goes to
     its log file (`lmk.run.console.job_output`: the row sweeper prints its lines). A user error of a single run is

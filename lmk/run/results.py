@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from lmk.config.eval import EvalConfig
 from lmk.run.environment import environment_info
 from lmk.run.umask_files import write_json
 
@@ -73,6 +74,7 @@ class EvalRecord:
     query_max_length: int | None = None
     passage_max_length: int | None = None
     cache_dir: str | None = None  # the mteb ResultCache the scores are in (None: <run dir>/mteb_cache)
+    scoring: str = "single"  # eval.scoring the scores used: single (one vector, cosine) or maxsim (lmk.eval.maxsim)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -215,8 +217,16 @@ HASH_LOCATION_KEYS = ("hydra", "run_dir", "ckpt_path", "paths", "cache_dir")
 HASH_IGNORED_KEYS = (*HASH_LOCATION_KEYS, "logger", "launcher", "hub", "overwrite",  # hub: where repos are read from
                      # how encode batches are built: the embeddings are bitwise equal for any value
                      "eval.workers", "eval.prefetch")
+# Settings added after runs were hashed, at the value that computes what those runs computed: left out of the hash
+# while they hold it, so finished runs keep their hash (and a sweep does not recompute them); any other value hashes.
+HASH_NEUTRAL_DEFAULTS: dict[str, Any] = {f"eval.{f.name}": f.default for f in fields(EvalConfig)
+                                         if f.name in ("scoring", "maxsim_query", "maxsim_block_mb")}
 # The status a finished run records; the sweeper skips rows whose results say this.
 STATUS_DONE = "done"
+
+
+def _neutral(node: DictConfig, key: Any, path: str) -> bool:
+    return path in HASH_NEUTRAL_DEFAULTS and node[key] == HASH_NEUTRAL_DEFAULTS[path]
 
 
 def config_hash_of(cfg: Any, ignore: tuple[str, ...] = HASH_IGNORED_KEYS) -> str:
@@ -228,7 +238,8 @@ def config_hash_of(cfg: Any, ignore: tuple[str, ...] = HASH_IGNORED_KEYS) -> str
     """
     def walk(node: Any, prefix: str = "") -> Any:
         if isinstance(node, DictConfig):
-            return {str(k): leaf(node, k, f"{prefix}{k}.") for k in node.keys() if f"{prefix}{k}" not in ignore}
+            return {str(k): leaf(node, k, f"{prefix}{k}.") for k in node.keys() if f"{prefix}{k}" not in ignore
+                    and not _neutral(node, k, f"{prefix}{k}")}
         if isinstance(node, ListConfig):
             return [leaf(node, i, prefix) for i in range(len(node))]
         return node

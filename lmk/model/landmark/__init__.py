@@ -7,6 +7,7 @@
     poolers.py               the pooler contract, its registry (@register_pooler) and cls / mean / lmk
     latent_attention.py      the authors' trainable latent-attention pooler
     landmark_transformer.py  LandmarkTransformer: the sentence-transformers input module (tokenizer + backbone)
+    landmark_mask.py         which states a multi-vector (MaxSim) text keeps: vector_mask, LandmarkVectorMask
     sliding_window_guard.py  keeps sliding-window attention off fully padded rows
     legacy_config.py         what older lmk versions saved under names lmk no longer writes
 
@@ -39,6 +40,7 @@ _DEFINED_IN = {
     "check_splitter": "sentences", "multilingual_backend": "sentences", "split_sentences": "sentences",
     "koehn_splitter": "koehn_splitter",
     "STRATEGIES": "tokenization", "LandmarkTokenizer": "tokenization",
+    "LandmarkVectorMask": "landmark_mask", "VECTORS": "landmark_mask", "vector_mask": "landmark_mask",
 }
 __all__ = sorted(_DEFINED_IN)
 

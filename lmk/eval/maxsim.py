@@ -1,0 +1,192 @@
+"""MaxSim scoring (`eval.scoring=maxsim`): a query and a document are sets of L2-normalised vectors, and
+score(q, d) = sum over q's vectors of the max over d's vectors of their dot product (late interaction, ColBERT's
+MaxSim). Documents are their landmark states, queries their landmark states or all their token states
+(`eval.maxsim_query`); the states come from `lmk.model.multi_vector`.
+
+`maxsim_scores` is exact: every query is scored against every document, in blocks whose working memory (the
+similarity matrix, its per-document maxima and the block's vectors) stays within `eval.maxsim_block_mb`. No vector
+is padded: a block's document vectors are concatenated and the max is taken per document segment, so the block
+size decides only which products are computed together, not their values.
+
+`LmkMaxSimEncoder` is the mteb side: mteb's own multi-vector search mixin (`MultiVectorSearchEncoderWrapper`: index
+the corpus, encode it in chunks, keep each query's top-k) over lmk's encoder, with this module's exact MaxSim as its
+similarity, so mteb's retrieval metrics and per-query scores are computed as for single-vector rows. The corpus
+chunk (the documents' vectors held at once) is sized to the same budget, from the most landmarks a document can
+have. The states are tokenized in the model's thread (no eval.workers processes on this path).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from mteb.models.model_meta import ScoringFunction
+from mteb.models.sentence_transformer_wrapper import MultiVectorSearchEncoderWrapper
+from mteb.types import PromptType
+
+from lmk.eval.encoder import LmkEncoder
+from lmk.model.landmark import STRATEGY_TRAITS
+from lmk.model.multi_vector import encode_states, no_landmarks
+from lmk.model.pipeline import NonFiniteEmbeddingError
+
+if TYPE_CHECKING:
+    from mteb.abstasks.task_metadata import TaskMetadata
+    from torch.utils.data import DataLoader
+
+    from lmk.model.embedding import EmbeddingModel
+
+logger = logging.getLogger(__name__)
+
+_BYTES = 4  # float32 similarities and vectors
+
+
+class NoLandmarksError(ValueError):
+    """eval.scoring=maxsim on a model whose pooling has no landmark states (CLS, mean, latent attention)."""
+
+
+def _as_tensors(vectors: Sequence[Any]) -> list[torch.Tensor]:
+    return [torch.as_tensor(v, dtype=torch.float32) for v in vectors]
+
+
+def _cost(q: int, d: int, n: int, dim: int) -> int:
+    """Bytes of one block: q x d similarities, q x n maxima and the (q + d) vectors."""
+    return _BYTES * (q * d + q * n + (q + d) * dim)
+
+
+def _query_chunks(lengths: Sequence[int], longest_doc: int, dim: int, budget: int) -> list[tuple[int, int]]:
+    """Consecutive query ranges that each fit the budget beside the longest document (queries are never split)."""
+    chunks, start, vectors = [], 0, 0
+    for i, n in enumerate(lengths):
+        if _cost(n, longest_doc, 1, dim) > budget:
+            need = _cost(n, longest_doc, 1, dim) / 2**20
+            raise ValueError(f"eval.maxsim_block_mb={budget / 2**20:g}: one query ({n} vectors) against the longest "
+                             f"document ({longest_doc} vectors) needs {need:.2f} MiB; raise eval.maxsim_block_mb")
+        if i > start and _cost(vectors + n, longest_doc, 1, dim) > budget:
+            chunks.append((start, i))
+            start, vectors = i, 0
+        vectors += n
+    chunks.append((start, len(lengths)))
+    return chunks
+
+
+def _doc_blocks(lengths: Sequence[int], q: int, dim: int, budget: int) -> list[tuple[int, int]]:
+    """Consecutive document ranges whose block with `q` query vectors fits the budget."""
+    blocks, start, vectors = [], 0, 0
+    for i, n in enumerate(lengths):
+        if i > start and _cost(q, vectors + n, i - start + 1, dim) > budget:
+            blocks.append((start, i))
+            start, vectors = i, 0
+        vectors += n
+    blocks.append((start, len(lengths)))
+    return blocks
+
+
+def maxsim_blocks(query_lengths: Sequence[int], doc_lengths: Sequence[int], dim: int, block_mb: float
+                  ) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+    """The blocks `maxsim_scores` computes: ((query start, end), (document start, end)) pairs covering every
+    query-document pair once, each within `block_mb` MiB (queries and documents are never split)."""
+    budget = int(block_mb * 2**20)
+    plan = []
+    for q_start, q_end in _query_chunks(query_lengths, max(doc_lengths), dim, budget):
+        q = sum(query_lengths[q_start:q_end])
+        plan += [((q_start, q_end), docs) for docs in _doc_blocks(doc_lengths, q, dim, budget)]
+    return plan
+
+
+def _owners(lengths: Sequence[int], device: torch.device | str) -> torch.Tensor:
+    """For concatenated vectors, the index of the text each belongs to."""
+    return torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(list(lengths))).to(device)
+
+
+def maxsim_scores(queries: Sequence[Any], documents: Sequence[Any], block_mb: float = 256,
+                  device: torch.device | str = "cpu") -> torch.Tensor:
+    """Exact MaxSim [Q, D] (float32, on the CPU) of queries against documents, each a [n_i, H] array of vectors
+    (normalised by the caller), computed on `device` in blocks of at most `block_mb` MiB of working memory."""
+    qs, ds = _as_tensors(queries), _as_tensors(documents)
+    scores = torch.zeros(len(qs), len(ds), dtype=torch.float32)
+    if not qs or not ds:
+        return scores
+    empty = [i for i, d in enumerate(ds) if len(d) == 0] + [i for i, q in enumerate(qs) if len(q) == 0]
+    if empty:
+        raise ValueError(f"MaxSim needs at least one vector per text; {len(empty)} texts have none")
+    q_lengths, d_lengths = [len(q) for q in qs], [len(d) for d in ds]
+    for (q_start, q_end), (d_start, d_end) in maxsim_blocks(q_lengths, d_lengths, int(qs[0].shape[1]), block_mb):
+        q_vectors = torch.cat(qs[q_start:q_end]).to(device)
+        d_vectors = torch.cat(ds[d_start:d_end]).to(device)
+        sim = q_vectors @ d_vectors.T  # [query vectors, document vectors]
+        best = torch.full((len(q_vectors), d_end - d_start), -torch.inf, device=device)
+        # the max over each document's segment of columns, then the sum over each query's rows
+        best.scatter_reduce_(1, _owners(d_lengths[d_start:d_end], device).expand_as(sim), sim, reduce="amax")
+        del sim
+        block = torch.zeros(q_end - q_start, d_end - d_start, device=device)
+        block.index_add_(0, _owners(q_lengths[q_start:q_end], device), best)
+        scores[q_start:q_end, d_start:d_end] = block.cpu()
+    return scores
+
+
+class LmkMaxSimEncoder(MultiVectorSearchEncoderWrapper, LmkEncoder):
+    """lmk's encoder as an mteb multi-vector search model: `_encode` gives each text's normalised states (documents:
+    landmarks; queries: `query_states`), `similarity` is the exact blocked `maxsim_scores`."""
+
+    def __init__(self, model: EmbeddingModel, *args: Any, query_states: str = "landmarks", block_mb: int = 256,
+                 **kwargs: Any) -> None:
+        why = no_landmarks(model)
+        if why is not None:
+            raise NoLandmarksError(why)
+        self.query_states, self.block_mb = query_states, block_mb
+        self.search_seconds = 0.0  # MaxSim scoring time (the dry run's search cost beside the encode cost)
+        super().__init__(model, *args, **kwargs)
+        # the documents encoded and held at once (mteb's corpus chunk): as many as fit the same budget at the most
+        # landmarks a document can have, not mteb's 50,000
+        self.corpus_chunk_size = max(1, int(block_mb * 2**20) // (self.max_vectors() * model.hidden_size * _BYTES))
+
+    def max_vectors(self) -> int:
+        """The most landmark states a document can have at the passage length: one pooled position per chunk (and a
+        lead one) for the chunked strategies, one per sentence of at least one token otherwise."""
+        tok = self.model.landmark_tokenizer
+        length = min(self.passage_max_length, self.model.max_positions)
+        return length // tok.chunk_size + 2 if STRATEGY_TRAITS[tok.strategy]["chunked"] else length // 2 + 1
+
+    def _model_meta(self, tag: str | None) -> Any:
+        meta = super()._model_meta(tag)
+        # its own cache identity: MaxSim scores never mix with the single-vector ones of the same weights
+        experiment = {**(meta.experiment_kwargs or {}), "scoring": "maxsim"}
+        if self.query_states != "landmarks":
+            experiment["maxsim_query"] = self.query_states
+        return meta.model_copy(update={"experiment_kwargs": experiment, "similarity_fn_name": ScoringFunction.MAX_SIM,
+                                       "model_type": ["late-interaction"]})
+
+    def _encode(self, inputs: DataLoader[Mapping[str, Any]], *, task_metadata: TaskMetadata, hf_split: str,
+                hf_subset: str, prompt_type: PromptType | None = None, **kwargs: Any) -> list[np.ndarray]:
+        texts: list[str] = []
+        for batch in inputs:
+            texts.extend(batch["text"])
+        side = self.side(prompt_type)
+        which = self.query_states if side == "query" else "landmarks"
+        start = time.perf_counter()
+        try:
+            states = encode_states(self.model, texts, side, which=which, batch_size=self.batch_size,
+                                   max_length=self.max_length(prompt_type),
+                                   max_tokens_per_batch=self.max_tokens_per_batch, precision=self.precision)
+        except NonFiniteEmbeddingError as err:
+            raise NonFiniteEmbeddingError(err.index, f"eval {task_metadata.name} [{hf_split}/{hf_subset}] {side} "
+                                          f"{err.index}: {err}") from None
+        self.n_encode_calls += 1
+        self.n_texts += len(texts)
+        self.n_truncated += int(getattr(self.model, "truncation_count", 0))
+        vectors = sum(len(s) for s in states)
+        logger.info("eval %s [%s/%s] %s: %d texts -> %d %s vectors (%.1f per text, %.0f bytes per text) in %.1fs",
+                    task_metadata.name, hf_split, hf_subset, side, len(texts), vectors, which,
+                    vectors / max(len(texts), 1), vectors * self.model.hidden_size * _BYTES / max(len(texts), 1),
+                    time.perf_counter() - start)
+        return states
+
+    def similarity(self, embeddings1: Any, embeddings2: Any) -> torch.Tensor:
+        start = time.perf_counter()
+        scores = maxsim_scores(embeddings1, embeddings2, self.block_mb, self.model.device)
+        self.search_seconds += time.perf_counter() - start
+        return scores
