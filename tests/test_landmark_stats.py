@@ -59,7 +59,7 @@ def test_counting_training_layouts_leaves_the_training_draws_alone(minilm_tokeni
 
 def test_the_tally_keeps_the_first_texts_of_each_key_and_says_how_many_it_saw(minilm_tokenizer):
     tok = LandmarkTokenizer(minilm_tokenizer, strategy="fixed", chunk_size=32, max_length=512)
-    tally = LandmarkTally(cap=4)
+    tally = LandmarkTally(max_texts=4)
     tally.add(("Task", "test", "passage"), tok, [HUNDRED] * 3, 512)
     tally.add(("Task", "test", "passage"), tok, ["cat"] * 3, 512)
     tally.add(("Task", "test", "query"), tok, ["cat"], 512)

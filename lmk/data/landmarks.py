@@ -10,7 +10,7 @@ Counted by the landmark tokenizer the model itself uses (`LandmarkTokenizer`, or
 
 A summary gives mean / median / minimum / maximum landmarks, the share of texts with a single landmark, the share
 truncated and, for `sentence`, the share replaced. `LandmarkTally` gathers them per key (task, split, side) over
-several calls, up to `cap` texts per key (the first ones), and says how many it saw.
+several calls, up to `max_texts` texts per key (the first ones), and says how many it saw.
 """
 
 from __future__ import annotations
@@ -111,10 +111,10 @@ def landmark_stats(tokenizer: Any, texts: Sequence[str], max_length: int, train:
 
 
 class LandmarkTally:
-    """Counts gathered per key (e.g. (task, split, side)) over several calls, the first `cap` texts of each key."""
+    """Counts gathered per key (e.g. (task, split, side)) over several calls, the first `max_texts` texts of each key."""
 
-    def __init__(self, cap: int | None = None) -> None:
-        self.cap = cap
+    def __init__(self, max_texts: int | None = None) -> None:
+        self.max_texts = max_texts
         self._counts: dict[tuple[str, ...], LandmarkCounts] = {}
         self._seen: dict[tuple[str, ...], int] = {}
 
@@ -122,7 +122,7 @@ class LandmarkTally:
             train: bool = False) -> None:
         done = len(self._counts[key]) if key in self._counts else 0
         self._seen[key] = self._seen.get(key, 0) + len(texts)
-        room = len(texts) if self.cap is None else max(0, min(len(texts), self.cap - done))
+        room = len(texts) if self.max_texts is None else max(0, min(len(texts), self.max_texts - done))
         if room == 0 and key in self._counts:
             return
         counts = count_landmarks(tokenizer, list(texts)[:room], max_length, train)

@@ -83,7 +83,7 @@ class LmkEncoder(AbsEncoder):
         self.n_texts = 0
         self.n_truncated = 0
         # landmark statistics of the texts encoded, per (task, split, side): the run's results record them
-        self.landmarks = LandmarkTally(cap=EVAL_TEXTS)
+        self.landmarks = LandmarkTally(max_texts=EVAL_TEXTS)
         self.mteb_model_meta = self._model_meta(tag)
 
     def _model_meta(self, tag: str | None) -> ModelMeta:
@@ -159,7 +159,7 @@ class LmkEncoder(AbsEncoder):
                                           f"{text_id!r}: {err}") from None
         elapsed = max(time.perf_counter() - start, 1e-9)
         tokenizer = getattr(self.model, "landmark_tokenizer", None)
-        if tokenizer is not None:  # the texts as this encode laid them out (the backbone's positions cap the length)
+        if tokenizer is not None:  # the texts as this encode laid them out (at most the backbone's positions)
             self.landmarks.add((task_metadata.name, split_key(hf_split, hf_subset), side), tokenizer, texts,
                                min(max_length, int(self.model.max_positions)))
         truncated = int(getattr(self.model, "truncation_count", 0))
