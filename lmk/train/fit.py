@@ -261,7 +261,7 @@ def _finish(run: _Run, fit_s: float, metrics: dict[str, float]) -> None:
     steps = metrics["global_step"] - (run.point.step or 0)  # a resumed fit ran only the rest
     timings["fit_steps"] = steps
     timings["fit_steps_per_s"] = round(steps / fit_s, 4) if fit_s > 0 else None
-    landmarks = run.datamodule.landmark_report() if hasattr(run.datamodule, "landmark_report") else None
+    landmarks = _landmark_report(run.datamodule)
     if landmarks:
         wandb_logger = find_wandb(run.loggers)
         if wandb_logger is not None:  # the same figures in the W&B run's summary
@@ -276,6 +276,16 @@ def _finish(run: _Run, fit_s: float, metrics: dict[str, float]) -> None:
                      "resumed_from": str(run.point.path) if run.point.path else None},
         export=str(run_dir / "export") if typed.train.export else None,
     )
+
+
+def _landmark_report(datamodule: Any) -> dict[str, Any] | None:
+    """The training sources' landmark statistics (`PairDataModule.landmark_report`); a failure to count them (a
+    stream that cannot be reopened) is a warning, never a failed run that trained."""
+    try:
+        return datamodule.landmark_report() if hasattr(datamodule, "landmark_report") else None
+    except Exception as err:  # noqa: BLE001 - statistics of a finished run
+        log.warning("landmark statistics of the training sources not recorded (%s: %s)", type(err).__name__, err)
+        return None
 
 
 def _non_finite(err: BaseException, run_dir: Path) -> dict[str, Any]:
