@@ -24,7 +24,7 @@ import numpy as np
 from lmk.config.registry import strategies
 
 WINDOW = 256  # texts per tokenizer call: the padded id tensors stay small
-EVAL_TEXTS = 10_000  # eval tasks: the first this many texts of each (task, split, side) are counted
+EVAL_TEXTS = 2000  # eval tasks: the first this many texts of each (task, split, side) are counted (cost bound)
 DIGITS = 4  # shares and means in results.json
 
 
@@ -151,7 +151,7 @@ def flat_summary(prefix: str, nested: Mapping[str, Any]) -> dict[str, float]:
     return out
 
 
-TRAIN_ROWS = 1000  # training sources: the first this many rows of each (their query, positives and negatives)
+TRAIN_ROWS = 200  # training sources: the first this many rows of each (query, positives, negatives): cost bound
 
 
 def _first_rows(dataset: Any, rows: int) -> list[Mapping[str, Any]]:
