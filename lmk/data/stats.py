@@ -10,8 +10,8 @@ queries / positives / negatives (or corpus documents) per tokenizer (MiniLM's by
 ``--set chunk_size=64``) adds landmark statistics (lmk.data.landmarks, counted by the model's own landmark
 tokenizer): landmarks per text (mean, median, minimum), the share of texts with a single landmark, the share
 truncated and, for the `sentence` strategy, the share whose split was replaced by the whole text. A training
-source is laid out as training does (its first rows, at ``--query-max-length`` / ``--passage-max-length``), a
-corpus as evaluation does (its documents and queries).
+source is laid out as training does (its first ``--landmark-rows`` rows, at ``--query-max-length`` /
+``--passage-max-length``), a corpus as evaluation does (its documents and queries, the first ``--sample`` of each).
 """
 
 from __future__ import annotations
@@ -190,9 +190,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="change a key of every --pooling (e.g. chunk_size=64)")
     parser.add_argument("--query-max-length", type=int, default=128, help="for --pooling (default 128)")
-    parser.add_argument("--passage-max-length", type=int, default=512,
-                        help=f"for --pooling (default 512); training sources: the first --sample rows "
-                             f"(the runs record the first {TRAIN_ROWS})")
+    parser.add_argument("--passage-max-length", type=int, default=512, help="for --pooling (default 512)")
+    parser.add_argument("--landmark-rows", type=int, default=TRAIN_ROWS,
+                        help=f"for --pooling: a training source's first rows counted (default {TRAIN_ROWS}, as runs)")
     args = parser.parse_args(argv)
     poolings = [load_pooling(p, args.set) for p in args.pooling]
     tokenizers = {spec: load_tokenizer(spec) for spec in (args.tokenizer or ["minilm"])}
@@ -203,7 +203,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         stats = corpus_stats(data, tokenizers, sample=args.sample)
     if poolings:
         stats["landmarks"] = landmark_section(kind, data, tokenizers, poolings, args.query_max_length,
-                                              args.passage_max_length, args.sample)
+                                              args.passage_max_length,
+                                              args.landmark_rows if kind == "pairs" else args.sample)
     if args.json:
         print(json.dumps({"target": args.target, **stats}, indent=1))
     else:
