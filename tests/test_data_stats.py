@@ -27,3 +27,25 @@ def test_stats_on_corpus(capsys):
     assert stats.main(["passkey", "--sample", "5"]) == 0
     text = capsys.readouterr().out
     assert "LocalPasskey/test_256" in text and "docs: 100" in text
+
+
+def test_landmark_statistics_of_a_training_source_under_a_pooling(tmp_path, capsys):
+    path = tmp_path / "a.jsonl"
+    rows = [{"query": "what is a cat", "pos": ["a cat is an animal"], "neg": ["dogs bark"]} for _ in range(3)]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    assert stats.main([str(path), "--json", "--cache-dir", str(tmp_path / "hf"), "--pooling", "lmk-fixed",
+                       "--set", "chunk_size=2", "--passage-max-length", "8", "--landmark-rows", "2"]) == 0
+    figures = json.loads(capsys.readouterr().out)["landmarks"]["lmk-fixed-2"]["minilm"]
+    assert figures["rows"] == 2  # --landmark-rows: the first 2 of the 3 rows
+    # query: 4 tokens, a landmark after every 2: 2 landmarks, [CLS] + 4 + 2 = 7 tokens, not cut at 128
+    assert figures["query"]["landmarks"] == {"mean": 2.0, "median": 2.0, "min": 2, "max": 2}
+    # positive: 5 tokens -> 3 landmarks in 9 tokens, cut at 8 (the last landmark lost); negative: 2 tokens, 1
+    passage = figures["passage"]
+    assert passage["texts"] == 4 and passage["landmarks"] == {"mean": 1.5, "median": 1.5, "min": 1, "max": 2}
+    assert passage["single_landmark_share"] == 0.5 and passage["truncated_share"] == 0.5
+
+
+def test_landmark_statistics_of_a_corpus_under_the_sentence_strategy(capsys):
+    assert stats.main(["longdocs", "--sample", "5", "--pooling", "lmk-sentence"]) == 0
+    text = capsys.readouterr().out
+    assert "lmk-sentence:" in text and "split_replaced_share:" in text and "single_landmark_share:" in text

@@ -66,8 +66,13 @@ def cfg(**kw) -> EvalConfig:
 def test_identical_query_and_document_scores_one(minilm: EmbeddingModel, tmp_path: Path) -> None:
     rc = corpus(TEXTS, TEXTS)
     section = run_suite(minilm, cfg(), tmp_path / "mteb_cache", tasks=[LocalShort({"test": rc})])
-    entry = section["tasks"]["LocalShort"]
+    entry = dict(section["tasks"]["LocalShort"])
+    landmarks = entry.pop("landmarks")
     assert entry == {"main_score": pytest.approx(1.0), "metric": "ndcg_at_10", "splits": {"test": pytest.approx(1.0)}}
+    # each text is under 32 tokens: one chunk, one landmark, on both sides (the texts the task encoded)
+    for side in ("query", "passage"):
+        assert landmarks["test"][side] == {"texts": 6, "landmarks": {"mean": 1.0, "median": 1.0, "min": 1, "max": 1},
+                                           "single_landmark_share": 1.0, "truncated_share": 0.0}
     per_query = json.loads((tmp_path / "per_query.json").read_text())
     assert per_query["LocalShort"]["test"] == {f"q{i}": pytest.approx(1.0) for i in range(len(TEXTS))}
     assert section["model"].startswith("lmk/minilm-l6__lmk-fixed-32__")
@@ -104,6 +109,8 @@ def test_resume_from_cache_encodes_nothing(minilm: EmbeddingModel, tmp_path: Pat
     third = run_suite(minilm, c, cache, tasks=tasks([256, 512]))
     assert third["n_encoded"] == 0  # everything from the cache
     assert third["tasks"] == second["tasks"] and third["groups"] == second["groups"]
+    # the landmark statistics of tasks read back from the cache are the ones recorded when they were encoded
+    assert set(third["tasks"]["LocalNeedle"]["landmarks"]) == {"test_256", "test_512"}
     assert set(third["tasks"]["LocalNeedle"]["splits"]) == {"test_256", "test_512"}
     # per-query scores survive the resume
     pq = load_per_query(tmp_path)

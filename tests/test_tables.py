@@ -32,8 +32,10 @@ SPEC = {
 
 
 def write_run(folder: Path, row: str, groups: dict[str, float], per_query: dict | None = None,
-              config_hash: str = "h", status: str = "done", commit: str = "abc123def456789", **extra) -> Path:
-    ev = {"suite": "x", "groups": groups, "group_tasks": {"short-a": ["TaskA"], "long-b": ["TaskB"]}}
+              config_hash: str = "h", status: str = "done", commit: str = "abc123def456789",
+              tasks: dict | None = None, **extra) -> Path:
+    ev = {"suite": "x", "groups": groups, "group_tasks": {"short-a": ["TaskA"], "long-b": ["TaskB"]},
+          **({"tasks": tasks} if tasks else {})}
     if per_query is not None:
         (folder).mkdir(parents=True, exist_ok=True)
         (folder / "per_query.json").write_text(json.dumps(per_query))
@@ -85,6 +87,30 @@ def test_aggregate_bold_significance_and_provenance(spec_path: Path, tmp_path: P
     assert float(cell["p_value"]) < 0.05
     assert paths["png"].stat().st_size > 0
     assert table.blocks["train"]["cls"]["short-a"].p_value is None  # the baseline is not tested
+
+
+def _documents(*splits: tuple[int, float]) -> dict:
+    """A task's landmark statistics: per split (texts, single-landmark share) of its documents; queries all single."""
+    return {f"test_{i}": {"passage": {"texts": n, "single_landmark_share": share},
+                          "query": {"texts": 5, "single_landmark_share": 1.0}} for i, (n, share) in enumerate(splits)}
+
+
+def test_a_row_whose_eval_documents_keep_one_landmark_is_noted(spec_path: Path, tmp_path: Path) -> None:
+    out = tmp_path / "sweep"
+    write_run(out / "train" / "cls", "cls", {"short-a": 0.2, "long-b": 0.5},  # no landmarks: never noted
+              tasks={"TaskA": {"main_score": 0.2, "landmarks": {"test": {"passage": {"texts": 9, "landmarks": None}}}}})
+    write_run(out / "train" / "mean", "mean", {"short-a": 0.6, "long-b": 0.4})  # results without the statistics
+    # A: 10 of 20 documents single (the threshold, 50%: noted); B: 4 of 10 (40%: not noted)
+    write_run(out / "train" / "lmk", "lmk", {"short-a": 0.3, "long-b": 0.7},
+              tasks={"TaskA": {"main_score": 0.3, "landmarks": _documents((10, 1.0), (10, 0.0))},
+                     "TaskB": {"main_score": 0.7, "landmarks": _documents((10, 0.4))}})
+    table, paths = aggregate(spec_path, "s", out)
+    (note,) = [line for line in paths["md"].read_text().splitlines() if line.startswith("Collapsed evaluation")]
+    assert note.endswith("there): LMK-32: A 50%.") and "at least 50%" in note
+    assert json.loads(paths["json"].read_text())["notes"] == [note] == table.notes
+    write_run(out / "train" / "lmk", "lmk", {"short-a": 0.3, "long-b": 0.7},
+              tasks={"TaskA": {"main_score": 0.3, "landmarks": _documents((10, 1.0), (11, 0.0))}})
+    assert aggregate(spec_path, "s", out)[0].notes == []  # 10 of 21: under the threshold
 
 
 def test_bold_follows_the_printed_values(spec_path: Path, tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_tables import wandb_summary  # the reader of a W&B run file's summary
 
 from lmk.run.results import update_results
 
@@ -84,6 +85,14 @@ def test_cli_end_to_end_with_wandb_offline(tmp_path, pairs):
     assert runs, list(run_dir.rglob("*"))[:20]
     assert res["wandb"]["mode"] == "offline" and res["wandb"]["sync"].startswith("wandb sync ")
     assert "wandb sync" in proc.stderr + proc.stdout
+    # Landmark statistics of the training source, as training laid its texts out: every text is shorter than the
+    # smallest chunk size drawn (32), so one landmark each; the W&B run's summary carries the same figures.
+    figures = res["landmarks"]["train"]["pairs.jsonl"]
+    assert figures["rows"] == 24 and figures["passage"]["texts"] == 72 and figures["query"]["texts"] == 24
+    assert figures["passage"]["landmarks"]["mean"] == 1.0 and figures["passage"]["single_landmark_share"] == 1.0
+    summary, _ = wandb_summary(run_dir, res["wandb"]["id"])
+    assert summary["landmarks/train/pairs.jsonl/passage/single_landmark_share"] == 1.0
+    assert summary["landmarks/train/pairs.jsonl/query/truncated_share"] == figures["query"]["truncated_share"]
     # The export reloads and embeds like the final checkpoint's weights.
     import torch
 

@@ -8,6 +8,7 @@
     hub.py            hub loaders (LongEmbed, MLDR) and the BGE repo layout
     longembed.py      passkey + needle generators; longdocs.py: the offline long-document task
     retrieval.py      RetrievalCorpus; stats.py: `python -m lmk.data.stats`
+    landmarks.py      landmark statistics of texts, counted by the model's own landmark tokenizer (any object)
 """
 
 from lmk import interface
@@ -24,4 +25,4 @@ __all__, __getattr__ = interface(__name__, {
                        "resolve_source", "source_fingerprint"),
     "lmk.data.retrieval": ("RetrievalCorpus",),
     "lmk.data.sampling": ("EpochSampler", "sample_group"),
-}, modules=("hub", "longdocs", "longembed", "offline_pairs", "pairs", "replica", "stats"))
+}, modules=("hub", "landmarks", "longdocs", "longembed", "offline_pairs", "pairs", "replica", "stats"))

@@ -30,6 +30,7 @@ from torch.utils.data import DataLoader
 
 from lmk.config.data import DataConfig, SourceConfig
 from lmk.data.collator import PairCollator
+from lmk.data.landmarks import training_landmarks
 from lmk.data.pairs import ReadStats, load_pairs, read_source, source_fingerprint
 from lmk.data.sampling import EpochSampler, PairDataset, StreamingPairDataset
 
@@ -200,6 +201,15 @@ class PairDataModule(L.LightningDataModule):
             else {"path": s.path, "rows": None, "skipped": None, "skip_reasons": []}
             for s, r in zip(self.cfg.sources, stats, strict=True)
         }
+
+    def landmark_report(self) -> dict[str, Any] | None:
+        """Per source (after setup): landmark statistics of its first rows as the collator's landmark tokenizer lays
+        them out in training (`lmk.data.landmarks.training_landmarks`); None without a landmark tokenizer."""
+        tok = getattr(self.collator, "tokenizer", None)
+        if self.datasets is None or not hasattr(tok, "landmark_id"):
+            return None
+        named = {s.name: d for s, d in zip(self.cfg.sources, self.datasets, strict=True)}
+        return training_landmarks(named, tok, self.cfg.query_max_length, self.cfg.passage_max_length)
 
     def state_dict(self) -> dict[str, Any]:
         """Saved in every checkpoint by Lightning: the data fingerprint and where the epoch's order stands.

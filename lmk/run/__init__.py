@@ -24,7 +24,7 @@ __all__, __getattr__ = interface(__name__, {
     "lmk.run.environment": ("lock_hash",),
     "lmk.run.umask_files": ("cache_root", "follow_umask", "write_json"),
     "lmk.run.lock": ("job_identity",),
-    "lmk.run.loggers": ("WANDB_ID_FILE", "build_logger", "finish_loggers", "quiet_progress_bars",
+    "lmk.run.loggers": ("WANDB_ID_FILE", "build_logger", "find_wandb", "finish_loggers", "quiet_progress_bars",
                         "resolve_wandb_mode", "use_hydra_logging", "wandb_credentials", "wandb_info"),
     "lmk.run.results": ("EvalRecord", "Results", "STATUS_DONE", "Timer", "config_hash_of", "git_commit",
                         "read_results", "update_results"),

@@ -99,6 +99,9 @@ class Results:
     timings: dict[str, Any] = field(default_factory=dict)  # seconds per phase, fit steps per second
     data_fingerprint: str | None = None
     data: dict[str, Any] = field(default_factory=dict)  # per source: rows kept / skipped
+    # per training source: landmarks per text, single-landmark / truncated shares (lmk.data.landmarks); the eval
+    # tasks' own are in eval.tasks.<task>.landmarks
+    landmarks: dict[str, Any] = field(default_factory=dict)
     checkpoints: dict[str, Any] = field(default_factory=dict)  # last, best, resumed_from
     export: str | None = None  # the sentence-transformers folder
     non_finite: dict[str, Any] = field(default_factory=dict)  # where the non-finite guard stopped the run

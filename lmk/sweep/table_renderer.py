@@ -28,6 +28,7 @@ from scipy.stats import ttest_rel
 from lmk.config.schema import UserError
 from lmk.run.results import STATUS_DONE, Results
 from lmk.run.umask_files import write_json
+from lmk.sweep.collapse import collapse_notes, collapsed_columns
 from lmk.sweep.provenance import provenance_lines
 from lmk.sweep.spec import Column, Row, TableSpec, load_spec
 
@@ -59,6 +60,7 @@ class RunRecord:
     seed: int | None = None
     # seed -> group scores of each finished seed run (several only for a row run with --seeds)
     seed_groups: dict[int, dict[str, float]] = field(default_factory=dict)
+    landmarks: dict[str, Any] = field(default_factory=dict)  # task -> its eval landmark statistics per split
 
 
 @dataclass
@@ -85,6 +87,7 @@ class Table:
     labels: dict[str, str]
     baseline: str
     alpha: float
+    notes: list[str] = field(default_factory=list)  # rows whose evaluation collapses (lmk.sweep.collapse)
 
     def column_keys(self) -> list[tuple[str, str]]:
         keys = [(c.group, c.label) for c in self.columns]
@@ -116,7 +119,8 @@ def collect_runs(folder: Path) -> dict[str, RunRecord]:
                         groups={k: float(v) for k, v in ev.groups.items() if v is not None},
                         per_query=per_query,
                         group_tasks=ev.group_tasks or results.section("eval").get("groups") or {},
-                        seed=results.config.get("seed"))
+                        seed=results.config.get("seed"),
+                        landmarks={t: e["landmarks"] for t, e in ev.tasks.items() if e.get("landmarks")})
         key = (row, rec.seed)
         if key in records:
             other = records[key]
@@ -152,7 +156,7 @@ def merge_seeds(recs: list[RunRecord]) -> RunRecord:
     first = done[0]
     return RunRecord(row=first.row, run_dir=first.run_dir.parent, config_hash=first.config_hash,
                      git_commit=first.git_commit, status=STATUS_DONE, groups=groups, per_query=per_query,
-                     group_tasks=first.group_tasks, seed=None,
+                     group_tasks=first.group_tasks, seed=None, landmarks=first.landmarks,
                      seed_groups={int(r.seed if r.seed is not None else i): r.groups for i, r in enumerate(done)})
 
 
@@ -223,6 +227,7 @@ def build_table(spec: TableSpec, scale_name: str, runs: dict[str, dict[str, RunR
     scale = spec.scale(scale_name)
     rows = rows if rows is not None else spec.rows_for(scale)
     blocks: dict[str, dict[str, dict[str, Cell]]] = {}
+    collapsed: dict[str, dict[str, float]] = {}  # row label -> columns whose eval documents keep one landmark
     for block, records in runs.items():
         if not records:
             continue
@@ -233,6 +238,9 @@ def build_table(spec: TableSpec, scale_name: str, runs: dict[str, dict[str, RunR
             if rec is None and block != BLOCKS[0]:
                 continue  # a secondary block (zero-shot) runs a subset of rows; the main block shows gaps
             cells: dict[str, Cell] = {}
+            if rec is not None and rec.status == STATUS_DONE:
+                label = row.label if block == BLOCKS[0] else f"{row.label} ({block})"
+                collapsed[label] = collapsed_columns(rec.landmarks, rec.group_tasks, scale.columns)
             for col in scale.columns:
                 if rec is None or rec.status != STATUS_DONE:
                     # a failed row keeps its provenance: its results.json names the commit and config hash
@@ -259,7 +267,8 @@ def build_table(spec: TableSpec, scale_name: str, runs: dict[str, dict[str, RunR
             table_rows[row.id] = cells
         blocks[block] = table_rows
     table = Table(title=spec.title, columns=scale.columns, blocks=blocks,
-                  labels={r.id: r.label for r in rows}, baseline=spec.baseline, alpha=spec.alpha)
+                  labels={r.id: r.label for r in rows}, baseline=spec.baseline, alpha=spec.alpha,
+                  notes=collapse_notes(collapsed))
     for block_rows in table.blocks.values():
         for key, _ in table.column_keys():
             # Compare the printed values (x100, 1 decimal): two cells that read the same are both bold.
@@ -336,6 +345,7 @@ def to_markdown(table: Table) -> str:
     if seeds > 1:
         lines.append(f"Mean \u00b1 std over up to {seeds} seeds; {SEED_MARK}: differs from {table.baseline!r} "
                      f"over seeds (paired t-test, seed k vs seed k, p < {table.alpha}).")
+    lines.extend(table.notes)
     lines.append(caption(table))
     lines.append("")
     lines.append("Provenance (row: run folder, git commit, config hash):")
@@ -439,7 +449,8 @@ def aggregate(spec_path: str | Path, scale: str, out: str | Path, with_optional:
         writer = csv.DictWriter(fh, fieldnames=list(records[0]) if records else ["row"])
         writer.writeheader()
         writer.writerows(records)
-    write_json(paths["json"], {"spec": str(spec_path), "scale": scale, "cells": records, "provenance": provenance})
+    write_json(paths["json"], {"spec": str(spec_path), "scale": scale, "cells": records, "notes": table.notes,
+                               "provenance": provenance})
     plot(table, paths["png"])
     return table, paths
 

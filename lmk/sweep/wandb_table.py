@@ -80,7 +80,8 @@ def log_table(table: Table, name: str, out: str | Path, info: dict[str, Any]) ->
                          reinit="finish_previous", settings=wandb.Settings(quiet=True, init_timeout=5.0))
         columns, data = table_data(table)
         run.log({name: wandb.Table(columns=columns, data=data)})
-        run.summary.update({**cell_summary(table), "caption": caption(table).replace("`", "")})
+        run.summary.update({**cell_summary(table), "caption": caption(table).replace("`", ""),
+                            "notes": " ".join(table.notes)})
         where = str(Path(run.dir).parent) if info.get("mode") == "offline" else getattr(run, "url", None)
         run.finish()
         wandb.teardown()  # waits until the service wrote the run's records (the file `wandb sync` uploads)

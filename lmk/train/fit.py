@@ -25,6 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from lmk.config import CKPT_AUTO, CKPT_FRESH, RootConfig, derive_seeds, to_container
 from lmk.data.datamodule import PairDataModule
+from lmk.data.landmarks import flat_summary
 from lmk.eval.callback import build_eval_callback
 from lmk.hub.mirror import with_mirrored_sources
 from lmk.model.checkpoint import allowed_types, check_checkpoint
@@ -36,6 +37,7 @@ from lmk.run.cluster import cluster_plugins, submitit_rank
 from lmk.run.console import redirected
 from lmk.run.loggers import (
     build_logger,
+    find_wandb,
     finish_loggers,
     quiet_progress_bars,
     use_hydra_logging,
@@ -259,8 +261,14 @@ def _finish(run: _Run, fit_s: float, metrics: dict[str, float]) -> None:
     steps = metrics["global_step"] - (run.point.step or 0)  # a resumed fit ran only the rest
     timings["fit_steps"] = steps
     timings["fit_steps_per_s"] = round(steps / fit_s, 4) if fit_s > 0 else None
+    landmarks = _landmark_report(run.datamodule)
+    if landmarks:
+        wandb_logger = find_wandb(run.loggers)
+        if wandb_logger is not None:  # the same figures in the W&B run's summary
+            wandb_logger.log_summary(flat_summary("landmarks/train", landmarks))
     update_results(
         run_dir, status="done", metrics=metrics, timings=timings, wandb=wandb_info(run.loggers),
+        landmarks={"train": landmarks} if landmarks else {},
         data_fingerprint=getattr(run.datamodule, "fingerprint", None),
         data=getattr(run.datamodule, "report", None),  # per source: rows kept / skipped as bad
         checkpoints={"last": str(run_dir / "checkpoints" / "last.ckpt"),
@@ -268,6 +276,16 @@ def _finish(run: _Run, fit_s: float, metrics: dict[str, float]) -> None:
                      "resumed_from": str(run.point.path) if run.point.path else None},
         export=str(run_dir / "export") if typed.train.export else None,
     )
+
+
+def _landmark_report(datamodule: Any) -> dict[str, Any] | None:
+    """The training sources' landmark statistics (`PairDataModule.landmark_report`); a failure to count them (a
+    stream that cannot be reopened) is a warning, never a failed run that trained."""
+    try:
+        return datamodule.landmark_report() if hasattr(datamodule, "landmark_report") else None
+    except Exception as err:  # noqa: BLE001 - statistics of a finished run
+        log.warning("landmark statistics of the training sources not recorded (%s: %s)", type(err).__name__, err)
+        return None
 
 
 def _non_finite(err: BaseException, run_dir: Path) -> dict[str, Any]:

@@ -349,13 +349,18 @@ class LandmarkTokenizer:
         flat = np.fromiter(chain.from_iterable(enc), dtype=np.int64, count=int(lengths.sum()))
         return flat, lengths
 
-    def _split(self, text: str, train: bool) -> list[str]:
+    def sentence_pieces(self, text: str, train: bool = False) -> tuple[list[str], bool]:
+        """The pieces the `sentence` strategy lays out for `text`, and whether its split was replaced by the whole
+        text (at inference only: a split keeping under 90% of the stripped text's characters, the authors' rule)."""
         pieces = split_sentences(text, self._language, self._splitter, self._prefix_dir)
         if not train and pieces:
             whole = text.strip()
             if len(" ".join(pieces)) < _MIN_SPLIT_KEPT * len(whole):
-                return [whole]
-        return pieces
+                return [whole], True
+        return pieces, False
+
+    def _split(self, text: str, train: bool) -> list[str]:
+        return self.sentence_pieces(text, train)[0]
 
     def _sentence_ids(
         self, texts: list[str], max_length: int, train: bool
