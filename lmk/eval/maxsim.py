@@ -11,7 +11,7 @@ size decides only which products are computed together, not their values.
 `LmkMaxSimEncoder` is the mteb side: mteb's own multi-vector search mixin (`MultiVectorSearchEncoderWrapper`: index
 the corpus, encode it in chunks, keep each query's top-k) over lmk's encoder, with this module's exact MaxSim as its
 similarity, so mteb's retrieval metrics and per-query scores are computed as for single-vector rows. The corpus
-chunk (the documents' vectors held at once) is sized to the same budget, from the most landmarks a document can
+chunk (the documents' vectors held at once) is sized to the same memory limit, from the most landmarks a document can
 have. The states are tokenized in the model's thread (no eval.workers processes on this path).
 """
 
@@ -57,15 +57,15 @@ def _cost(q: int, d: int, n: int, dim: int) -> int:
     return _BYTES * (q * d + q * n + (q + d) * dim)
 
 
-def _query_chunks(lengths: Sequence[int], longest_doc: int, dim: int, budget: int) -> list[tuple[int, int]]:
-    """Consecutive query ranges that each fit the budget beside the longest document (queries are never split)."""
+def _query_chunks(lengths: Sequence[int], longest_doc: int, dim: int, limit_bytes: int) -> list[tuple[int, int]]:
+    """Consecutive query ranges that each fit the memory limit beside the longest document (queries are never split)."""
     chunks, start, vectors = [], 0, 0
     for i, n in enumerate(lengths):
-        if _cost(n, longest_doc, 1, dim) > budget:
+        if _cost(n, longest_doc, 1, dim) > limit_bytes:
             need = _cost(n, longest_doc, 1, dim) / 2**20
-            raise ValueError(f"eval.maxsim_block_mb={budget / 2**20:g}: one query ({n} vectors) against the longest "
+            raise ValueError(f"eval.maxsim_block_mb={limit_bytes / 2**20:g}: one query ({n} vectors) against the longest "
                              f"document ({longest_doc} vectors) needs {need:.2f} MiB; raise eval.maxsim_block_mb")
-        if i > start and _cost(vectors + n, longest_doc, 1, dim) > budget:
+        if i > start and _cost(vectors + n, longest_doc, 1, dim) > limit_bytes:
             chunks.append((start, i))
             start, vectors = i, 0
         vectors += n
@@ -73,11 +73,11 @@ def _query_chunks(lengths: Sequence[int], longest_doc: int, dim: int, budget: in
     return chunks
 
 
-def _doc_blocks(lengths: Sequence[int], q: int, dim: int, budget: int) -> list[tuple[int, int]]:
-    """Consecutive document ranges whose block with `q` query vectors fits the budget."""
+def _doc_blocks(lengths: Sequence[int], q: int, dim: int, limit_bytes: int) -> list[tuple[int, int]]:
+    """Consecutive document ranges whose block with `q` query vectors fits the memory limit."""
     blocks, start, vectors = [], 0, 0
     for i, n in enumerate(lengths):
-        if i > start and _cost(q, vectors + n, i - start + 1, dim) > budget:
+        if i > start and _cost(q, vectors + n, i - start + 1, dim) > limit_bytes:
             blocks.append((start, i))
             start, vectors = i, 0
         vectors += n
@@ -89,11 +89,11 @@ def maxsim_blocks(query_lengths: Sequence[int], doc_lengths: Sequence[int], dim:
                   ) -> list[tuple[tuple[int, int], tuple[int, int]]]:
     """The blocks `maxsim_scores` computes: ((query start, end), (document start, end)) pairs covering every
     query-document pair once, each within `block_mb` MiB (queries and documents are never split)."""
-    budget = int(block_mb * 2**20)
+    limit_bytes = int(block_mb * 2**20)
     plan = []
-    for q_start, q_end in _query_chunks(query_lengths, max(doc_lengths), dim, budget):
+    for q_start, q_end in _query_chunks(query_lengths, max(doc_lengths), dim, limit_bytes):
         q = sum(query_lengths[q_start:q_end])
-        plan += [((q_start, q_end), docs) for docs in _doc_blocks(doc_lengths, q, dim, budget)]
+        plan += [((q_start, q_end), docs) for docs in _doc_blocks(doc_lengths, q, dim, limit_bytes)]
     return plan
 
 
@@ -140,7 +140,7 @@ class LmkMaxSimEncoder(MultiVectorSearchEncoderWrapper, LmkEncoder):
         self.query_states, self.block_mb = query_states, block_mb
         self.search_seconds = 0.0  # MaxSim scoring time (the dry run's search cost beside the encode cost)
         super().__init__(model, *args, **kwargs)
-        # the documents encoded and held at once (mteb's corpus chunk): as many as fit the same budget at the most
+        # the documents encoded and held at once (mteb's corpus chunk): as many as fit the same memory limit at the most
         # landmarks a document can have, not mteb's 50,000
         self.corpus_chunk_size = max(1, int(block_mb * 2**20) // (self.max_vectors() * model.hidden_size * _BYTES))
 
