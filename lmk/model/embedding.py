@@ -24,10 +24,12 @@ from lmk.config.model import EncoderConfig, PoolingConfig
 from lmk.model.backbone import is_checkpointing, load_backbone, set_checkpointing, set_rope
 from lmk.model.device import autocast, resolve_precision
 from lmk.model.landmark import build_pooler
+from lmk.model.landmark.backbone_inputs import backbone_inputs
 from lmk.model.landmark.legacy_config import saved_config_file
 from lmk.model.landmark.sliding_window_guard import guard_padded_rows
 from lmk.model.landmark.tokenization import LandmarkTokenizer
 from lmk.model.long_attention import lean_attention
+from lmk.model.lora import merged
 from lmk.model.pipeline import encode_texts
 from lmk.run.umask_files import write_json
 
@@ -37,8 +39,6 @@ SIDES = ("query", "passage")
 MODEL_CONFIG_FILE = "embedding_model.json"  # save_pretrained's description (legacy_config reads older folders)
 POOLER_WEIGHTS_FILE = "pooler.safetensors"
 FORMAT_VERSION = 1
-# Backbone inputs the LandmarkTokenizer output may carry; pool_mask is for the pooler only.
-_BACKBONE_KEYS = ("input_ids", "attention_mask", "token_type_ids")
 
 
 def make_tokenizer(tokenizer: Any, pooling: PoolingConfig, max_length: int, seed: int) -> LandmarkTokenizer:
@@ -52,6 +52,7 @@ def make_tokenizer(tokenizer: Any, pooling: PoolingConfig, max_length: int, seed
         language=pooling.language,
         sentence_splitter=pooling.sentence_splitter,
         max_sentence_tokens=pooling.max_sentence_tokens,
+        placement=pooling.placement,
     )
 
 
@@ -202,7 +203,7 @@ class EmbeddingModel(torch.nn.Module):
     # ---------------------------------------------------------------------------------- forward
     def token_embeddings(self, features: dict[str, torch.Tensor]) -> torch.Tensor:
         """Last-layer hidden states [B, T, H]."""
-        inputs = {k: features[k] for k in _BACKBONE_KEYS if k in features}
+        inputs = backbone_inputs(self.backbone, features)
         return self.backbone(**inputs).last_hidden_state
 
     def forward(self, features: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -288,7 +289,7 @@ class EmbeddingModel(torch.nn.Module):
 
     def _embed(self, feats: dict[str, torch.Tensor], precision: str, unpadded: bool | None = None) -> torch.Tensor:
         """Inference forward of one tokenized batch -> float32 [B, H] embeddings."""
-        inputs = {k: feats[k] for k in _BACKBONE_KEYS if k in feats}
+        inputs = backbone_inputs(self.backbone, feats)
         if unpadded is None:
             unpadded = inputs["input_ids"].shape[0] == 1 and bool(feats["attention_mask"].all())
         if unpadded:
@@ -323,7 +324,7 @@ class EmbeddingModel(torch.nn.Module):
         """Backbone (HF format) + tokenizer + embedding_model.json (+ pooler weights when trainable)."""
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
-        self.backbone.save_pretrained(path)
+        merged(self.backbone).save_pretrained(path)  # LoRA folded in: the folder loads as a plain model
         self.tokenizer.save_pretrained(path)
         cfg = self.config_dict()
         if cfg["pooler"]["weights"]:

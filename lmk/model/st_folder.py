@@ -38,6 +38,7 @@ from lmk.config import UserError
 from lmk.config.model import EncoderConfig, PoolingConfig
 from lmk.model.embedding import EmbeddingModel
 from lmk.model.landmark import POOLERS, LandmarkTransformer, Pooler, build_pooler
+from lmk.model.lora import merged
 
 CODE_DIR = Path(__file__).resolve().parent / "landmark"
 OLD_MODULES = ("lmk.export.LandmarkTransformer", "lmk.export.LandmarkPooling")
@@ -61,8 +62,8 @@ def class_ref(module: torch.nn.Module) -> str:
 
 def to_sentence_transformer(model: EmbeddingModel, max_length: int | None = None,
                             scored_at: dict[str, int] | None = None) -> SentenceTransformer:
-    """A SentenceTransformer sharing `model`'s backbone, tokenizer and pooler (no copy); `max_length` becomes its
-    `max_seq_length` (sentence-transformers' name). `scored_at`: the per-side lengths a model card's scores were
+    """A SentenceTransformer sharing `model`'s backbone (a LoRA one: a merged copy), tokenizer and pooler;
+    `max_length` becomes its `max_seq_length` (sentence-transformers' name). `scored_at`: the per-side lengths a model card's scores were
     computed at (query_max_length, passage_max_length), mteb's loader's defaults (lmk.eval.mteb_model)."""
     if model.pooling_cfg is None:
         raise ValueError("export needs model.pooling_cfg (build the model with EmbeddingModel.build)")
@@ -74,7 +75,8 @@ def to_sentence_transformer(model: EmbeddingModel, max_length: int | None = None
     if scored_at:
         lmk["scored_at"] = {k: int(scored_at[k]) for k in ("query_max_length", "passage_max_length")}
     encoder = model.encoder_cfg
-    first = LandmarkTransformer(model.backbone, model.landmark_tokenizer, max_seq_length=max_length or model.passage_max_length,
+    # a LoRA backbone is exported with its adapters folded in (a copy): the folder loads without peft
+    first = LandmarkTransformer(merged(model.backbone), model.landmark_tokenizer, max_seq_length=max_length or model.passage_max_length,
                                 max_positions=model.max_positions, rope=encoder.rope if encoder else True,
                                 attn_implementation=encoder.attn_implementation if encoder else "sdpa", lmk=lmk)
     # device=model's device so the shared backbone is not moved

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from .layouts import STRATEGY_TRAITS, chunked_layout, pack, plain_layout, sentence_layout
+from .names import PLACED_STRATEGIES, PLACEMENTS
 from .sentences import DEFAULT_LANGUAGE, DEFAULT_SPLITTER, check_splitter, split_sentences
 
 STRATEGIES: tuple[str, ...] = tuple(STRATEGY_TRAITS)  # the strategy names (their traits: layouts.py)
@@ -37,6 +38,7 @@ _CONFIG_KEYS = (
     "language",
     "sentence_splitter",
     "max_sentence_tokens",
+    "placement",
 )
 MIN_MAX_LENGTH = 3  # [CLS] + one content token + one landmark
 DEFAULT_MAX_LENGTH = 512  # where max_length is not given: a text cut there is said once (say_unset_cut)
@@ -141,9 +143,16 @@ class LandmarkTokenizer:
         sentence_splitter: str = DEFAULT_SPLITTER,
         max_sentence_tokens: int | None = None,
         prefix_dir: str | None = None,
+        placement: str = "after",
     ) -> None:
         if strategy not in STRATEGIES:
             raise ValueError(f"unknown landmark strategy {strategy!r}; allowed: {', '.join(STRATEGIES)}")
+        if placement not in PLACEMENTS:
+            raise ValueError(f"unknown landmark placement {placement!r}; allowed: {', '.join(PLACEMENTS)}")
+        if placement != "after" and strategy not in PLACED_STRATEGIES:
+            raise ValueError(f"placement={placement!r} applies to strategies {', '.join(PLACED_STRATEGIES)}, not "
+                             f"{strategy!r}; use placement='after'")
+        self._placement = placement
         self._strategy = strategy
         self._chunk_size = _check_positive_int("chunk_size", chunk_size)
         self._train_chunk_sizes = _check_chunk_sizes(train_chunk_sizes)
@@ -225,6 +234,10 @@ class LandmarkTokenizer:
         return self._max_sentence_tokens
 
     @property
+    def placement(self) -> str:
+        return self._placement
+
+    @property
     def prefix_dir(self) -> str | None:
         return self._prefix_dir
 
@@ -247,7 +260,9 @@ class LandmarkTokenizer:
 
     # ------------------------------------------------------------------------------- config / rng
     def config(self) -> dict[str, Any]:
-        """JSON-able settings; `from_config(tokenizer, cfg)` rebuilds an equal tokenizer."""
+        """JSON-able settings; `from_config(tokenizer, cfg)` rebuilds an equal tokenizer. The placement is named only
+        where it is not the default, so a model that does not use it keeps the description (and fingerprint) it had."""
+        placed = {} if self._placement == "after" else {"placement": self._placement}
         return {
             "strategy": self._strategy,
             "chunk_size": self._chunk_size,
@@ -257,6 +272,7 @@ class LandmarkTokenizer:
             "language": self._language,
             "sentence_splitter": self._splitter,
             "max_sentence_tokens": self._max_sentence_tokens,
+            **placed,
         }
 
     @classmethod
@@ -322,7 +338,7 @@ class LandmarkTokenizer:
                 chunk_sizes = np.full(len(texts), self._chunk_size, dtype=np.int64)
             # content past max_length - 1 can never land inside max_length, so it is not even converted
             layout = chunked_layout(*self._content(texts, max_length - 1), chunk_sizes, strategy == "multi_cls",
-                                    self._landmark_id, self._cls_id)
+                                    self._landmark_id, self._cls_id, before=self._placement == "authors")
         features = pack(layout, max_length, strategy=strategy, chunk_size=self._chunk_size, cls_id=self._cls_id,
                         landmark_id=self._landmark_id, pad_id=self._pad_id, left_padding=self.padding_side == "left")
         if unset:
