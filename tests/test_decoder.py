@@ -164,3 +164,40 @@ def test_decoder_configs_validate_with_the_authors_lora() -> None:
         EncoderConfig.coerce(enc("tiny-decoder", lora={"rank": 8}))
     with pytest.raises(ConfigError, match="padding_side"):
         EncoderConfig.coerce(enc("tiny-decoder", padding_side="middle"))
+
+
+# ----------------------------------------------------------------------------------------------- instructions
+INSTRUCTION = "Instruct: Given a web search query, retrieve relevant passages that answer the query\nQuery: "
+
+
+@pytest.mark.parametrize("placement", ["after", "authors"])
+def test_landmarks_go_in_the_text_not_in_the_instruction(decoder, placement) -> None:
+    model = decoder.with_pooling(pool("lmk-fixed", chunk_size=4, placement=placement))
+    hf, query = model.tokenizer, "what is landmark pooling on decoders"
+    plain = model.tokenize([query])
+    with_prompt = model.tokenize([query], prompt=INSTRUCTION)
+    prompt_ids = hf(INSTRUCTION, add_special_tokens=False)["input_ids"]
+    ids, pooled = with_prompt["input_ids"][0], with_prompt["pool_mask"][0]
+    assert ids[0] == hf.bos_token_id and ids[1:1 + len(prompt_ids)].tolist() == prompt_ids  # after the lead token
+    assert not pooled[:1 + len(prompt_ids)].any() and hf.eos_token_id not in prompt_ids  # no landmark in it
+    # the text's layout follows unchanged: the same chunks, the same landmarks
+    assert ids[1 + len(prompt_ids):].tolist() == plain["input_ids"][0][1:].tolist()
+    assert pooled[1 + len(prompt_ids):].tolist() == plain["pool_mask"][0][1:].tolist()
+    # one prompt per text, and a text without one
+    both = model.tokenize([query, query], prompt=[INSTRUCTION, None])
+    assert both["attention_mask"][0].sum() == len(ids) and both["attention_mask"][1].sum() == len(plain["input_ids"][0])
+
+
+def test_an_instruction_travels_as_a_sentence_transformers_prompt(decoder, tmp_path) -> None:
+    from sentence_transformers import SentenceTransformer
+
+    from lmk.model.st_folder import export_sentence_transformers
+
+    texts = ["what is landmark pooling", "a second query about decoders and their landmarks"]
+    ref = decoder.encode(texts, prompt=INSTRUCTION)
+    assert not np.allclose(ref, decoder.encode(texts), atol=1e-4)  # the instruction changes the query
+    folder = export_sentence_transformers(decoder, tmp_path / "export", prompts={"query": INSTRUCTION})
+    st = SentenceTransformer(str(folder), trust_remote_code=True, device="cpu")
+    assert st.prompts["query"] == INSTRUCTION
+    np.testing.assert_allclose(st.encode(texts, prompt_name="query", convert_to_numpy=True), ref, atol=1e-5)
+    np.testing.assert_allclose(st.encode(texts, convert_to_numpy=True), decoder.encode(texts), atol=1e-5)

@@ -130,16 +130,18 @@ def test_a_lora_run_checkpoints_the_adapters_and_exports_its_model(lora_run) -> 
     np.testing.assert_allclose(st.encode(TEXTS, convert_to_numpy=True), model.encode(TEXTS), atol=1e-5)
 
 
-@pytest.mark.slow  # three 8-step runs, one SIGKILLed: about a minute on 2 busy cores
+@pytest.mark.slow  # two 10-step runs, one SIGKILLed, and its resume: about 3 minutes on 2 busy cores
 def test_a_killed_lora_run_resumes_bit_for_bit(tmp_path) -> None:
     from test_resume import KILLER, final_weights
 
     pairs = write_pairs(tmp_path / "pairs.jsonl")
-    setup = (*DECODER, "trainer.max_steps=10", "train.checkpoint_every_n_steps=3", "seed=5",
-             "encoder.lora.dropout=0.1")  # adapter dropout: the resumed RNG must give the same masks
+    # 24 pairs / batch 4 = 6 batches an epoch: checkpoints at steps 4 and 8, killed at 9, so the resume starts
+    # mid-epoch from step 8; adapter dropout on, so the resumed random stream must give the same masks
+    setup = (*DECODER, "trainer.max_steps=10", "train.checkpoint_every_n_steps=4", "seed=5",
+             "encoder.lora.dropout=0.1")
     ref, run = tmp_path / "ref", tmp_path / "run"
     in_process(ref, pairs, *setup)
-    killed = subprocess.run([sys.executable, "-c", KILLER, "7", *overrides(run, pairs, *setup)], cwd=ROOT, env=ENV,
+    killed = subprocess.run([sys.executable, "-c", KILLER, "9", *overrides(run, pairs, *setup)], cwd=ROOT, env=ENV,
                             capture_output=True, text=True, timeout=600)
     assert killed.returncode == -9, killed.stderr[-3000:]
     in_process(run, pairs, *setup)

@@ -195,10 +195,13 @@ class EmbeddingModel(torch.nn.Module):
         return max_length
 
     def tokenize(
-        self, texts: Sequence[str], side: str = "passage", train: bool = False, max_length: int | None = None
+        self, texts: Sequence[str], side: str = "passage", train: bool = False, max_length: int | None = None,
+        prompt: str | Sequence[str | None] | None = None,
     ) -> dict[str, torch.Tensor]:
-        """Landmark-tokenize texts for one side (queries and passages only differ in max length)."""
-        return self.landmark_tokenizer(texts, train=train, max_length=self._max_length(side, max_length))
+        """Landmark-tokenize texts for one side (queries and passages only differ in max length); `prompt`: an
+        instruction before each text, without landmarks (LandmarkTokenizer)."""
+        return self.landmark_tokenizer(texts, train=train, max_length=self._max_length(side, max_length),
+                                       prompt=prompt)
 
     # ---------------------------------------------------------------------------------- forward
     def token_embeddings(self, features: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -237,6 +240,7 @@ class EmbeddingModel(torch.nn.Module):
         precision: str = "fp32",
         workers: int | str = "auto",
         prefetch: int = 2,
+        prompt: str | None = None,
     ) -> np.ndarray:
         """float32 [N, H] embeddings in input order; batches are length-sorted to minimise padding.
 
@@ -246,6 +250,7 @@ class EmbeddingModel(torch.nn.Module):
         CPU); the weights are not cast and pooling runs in float32. workers: tokenization processes
         (auto: from the cores and the device; 0: in this thread, for debugging), each keeping `prefetch`
         batches ready (lmk.model.pipeline). Each text is tokenized once; the values do not depend on workers.
+        prompt: an instruction before every text (a query-side instruction), which gets no landmark.
         Raises EncodeError (a text that cannot be tokenized) or NonFiniteEmbeddingError, naming the index.
         """
         if isinstance(texts, str):
@@ -266,7 +271,8 @@ class EmbeddingModel(torch.nn.Module):
         self.eval()
         try:
             out, self.truncation_count = encode_texts(
-                functools.partial(self.landmark_tokenizer, train=False, max_length=max_length),
+                functools.partial(self.landmark_tokenizer, train=False, max_length=max_length,
+                                  **({"prompt": prompt} if prompt else {})),
                 functools.partial(self._embed_batch, precision=precision), texts,
                 hidden_size=self.hidden_size, max_length=max_length, device=device, batch_size=batch_size,
                 max_tokens_per_batch=max_tokens_per_batch, pad=(self.landmark_tokenizer.pad_id,

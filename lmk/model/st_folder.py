@@ -61,10 +61,13 @@ def class_ref(module: torch.nn.Module) -> str:
 
 
 def to_sentence_transformer(model: EmbeddingModel, max_length: int | None = None,
-                            scored_at: dict[str, int] | None = None) -> SentenceTransformer:
+                            scored_at: dict[str, int] | None = None,
+                            prompts: dict[str, str] | None = None) -> SentenceTransformer:
     """A SentenceTransformer sharing `model`'s backbone (a LoRA one: a merged copy), tokenizer and pooler;
     `max_length` becomes its `max_seq_length` (sentence-transformers' name). `scored_at`: the per-side lengths a model card's scores were
-    computed at (query_max_length, passage_max_length), mteb's loader's defaults (lmk.eval.mteb_model)."""
+    computed at (query_max_length, passage_max_length), mteb's loader's defaults (lmk.eval.mteb_model). `prompts`:
+    sentence-transformers' named prompts (e.g. {"query": "Instruct: ...\nQuery: "}), which the landmark input module
+    puts before a text without landmarks in them."""
     if model.pooling_cfg is None:
         raise ValueError("export needs model.pooling_cfg (build the model with EmbeddingModel.build)")
     if not isinstance(model.pooler, Pooler):
@@ -80,16 +83,17 @@ def to_sentence_transformer(model: EmbeddingModel, max_length: int | None = None
                                 max_positions=model.max_positions, rope=encoder.rope if encoder else True,
                                 attn_implementation=encoder.attn_implementation if encoder else "sdpa", lmk=lmk)
     # device=model's device so the shared backbone is not moved
-    return SentenceTransformer(modules=[first, model.pooler], device=str(model.device))
+    return SentenceTransformer(modules=[first, model.pooler], device=str(model.device), prompts=dict(prompts or {}))
 
 
 def export_sentence_transformers(model: EmbeddingModel, path: str | os.PathLike,
-                                 max_length: int | None = None, scored_at: dict[str, int] | None = None) -> Path:
+                                 max_length: int | None = None, scored_at: dict[str, int] | None = None,
+                                 prompts: dict[str, str] | None = None) -> Path:
     """Write a sentence-transformers folder that carries its code; `max_length` (the folder's `max_seq_length`: the
     one length both sentence-transformers and `load_exported` cut texts at by default) defaults to the model's
-    passage max length."""
+    passage max length; `prompts` go into config_sentence_transformers.json (`encode(..., prompt_name="query")`)."""
     path = Path(path)
-    st = to_sentence_transformer(model, max_length=max_length, scored_at=scored_at)
+    st = to_sentence_transformer(model, max_length=max_length, scored_at=scored_at, prompts=prompts)
     st.save(str(path), create_model_card=False)
     modules = json.loads((path / "modules.json").read_text())
     for entry, module in zip(modules, st):

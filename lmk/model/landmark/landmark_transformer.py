@@ -132,10 +132,9 @@ class LandmarkTransformer(InputModule):
         for i, text in enumerate(texts):
             if not isinstance(text, str):
                 raise ValueError(f"LandmarkTransformer takes text only; input {i} is {type(text).__name__}")
-        if prompt:
-            texts = [prompt + t for t in texts]
         max_length = min(self.max_seq_length, self.max_positions)
-        features = self.landmark_tokenizer(texts, train=self.training, max_length=max_length)
+        # a prompt (an instruction, sentence-transformers' `prompts`) precedes the text without landmarks in it
+        features = self.landmark_tokenizer(texts, train=self.training, max_length=max_length, prompt=prompt or None)
         if not self._length_set:
             say_unset_cut(self, features, max_length, "set `model.max_seq_length = N` (or LandmarkTransformer(..., "
                           f"max_seq_length=N)); this backbone takes up to {self.max_positions} tokens")

@@ -131,6 +131,24 @@ def sentence_layout(ids: np.ndarray, s_len: np.ndarray, s_row: np.ndarray, n_tex
     )
 
 
+def with_prompt(lay: Layout, ids: np.ndarray, n: np.ndarray) -> Layout:
+    """`n[row]` prompt (instruction) tokens, flat in `ids`, between the leading token and the text's layout: the text's
+    tokens and landmarks move right by them. The prompt holds no landmark and is never pooled: landmarks mark chunks
+    of the text, whatever instruction precedes it."""
+    rows, local = rows_and_local(n)
+    return Layout(
+        c_ids=np.concatenate([ids, lay.c_ids]),
+        c_row=np.concatenate([rows, lay.c_row]),
+        c_pos=np.concatenate([1 + local, lay.c_pos + n[lay.c_row]]),
+        i_row=lay.i_row,
+        i_pos=lay.i_pos + n[lay.i_row],
+        i_id=lay.i_id,
+        i_pool=lay.i_pool,
+        total=lay.total + n,
+        pool_lead=lay.pool_lead,
+    )
+
+
 def pack(lay: Layout, max_length: int, *, strategy: str, chunk_size: int, cls_id: int, landmark_id: int, pad_id: int,
          left_padding: bool) -> dict[str, torch.Tensor]:
     """Truncate every row to `max_length` tokens (landmarks count), pad, and build the masks; a row whose landmarks

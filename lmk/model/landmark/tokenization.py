@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .layouts import STRATEGY_TRAITS, chunked_layout, pack, plain_layout, sentence_layout
+from .layouts import STRATEGY_TRAITS, chunked_layout, pack, plain_layout, sentence_layout, with_prompt
 from .names import PLACED_STRATEGIES, PLACEMENTS
 from .sentences import DEFAULT_LANGUAGE, DEFAULT_SPLITTER, check_splitter, split_sentences
 
@@ -306,9 +306,13 @@ class LandmarkTokenizer:
 
     # --------------------------------------------------------------------------------------- call
     def __call__(
-        self, texts: Sequence[str] | str, train: bool = False, max_length: int | None = None
+        self, texts: Sequence[str] | str, train: bool = False, max_length: int | None = None,
+        prompt: str | Sequence[str | None] | None = None,
     ) -> dict[str, torch.Tensor]:
-        """Tokenize a batch: input_ids / attention_mask LongTensor[B, T], pool_mask BoolTensor[B, T]."""
+        """Tokenize a batch: input_ids / attention_mask LongTensor[B, T], pool_mask BoolTensor[B, T].
+
+        `prompt` (an instruction, one for the batch or one per text): its tokens follow the leading token and
+        precede the text's layout, count toward `max_length`, and get no landmark and no pooled position."""
         if isinstance(texts, str):  # a lone string is one text, not a sequence of characters
             texts = [texts]
         texts = list(texts)
@@ -339,6 +343,8 @@ class LandmarkTokenizer:
             # content past max_length - 1 can never land inside max_length, so it is not even converted
             layout = chunked_layout(*self._content(texts, max_length - 1), chunk_sizes, strategy == "multi_cls",
                                     self._landmark_id, self._cls_id, before=self._placement == "authors")
+        if prompt:
+            layout = with_prompt(layout, *self._prompt_ids(prompt, len(texts), max_length))
         features = pack(layout, max_length, strategy=strategy, chunk_size=self._chunk_size, cls_id=self._cls_id,
                         landmark_id=self._landmark_id, pad_id=self._pad_id, left_padding=self.padding_side == "left")
         if unset:
@@ -360,10 +366,22 @@ class LandmarkTokenizer:
 
     def _content(self, texts: list[str], max_content: int) -> tuple[np.ndarray, np.ndarray]:
         """Flat content ids and per-text lengths, truncated to `max_content` (no content past it can survive)."""
-        enc = self._encode(texts, max_content)
+        return self._content_of(self._encode(texts, max_content))
+
+    def _prompt_ids(self, prompt: str | Sequence[str | None], rows: int, max_length: int
+                    ) -> tuple[np.ndarray, np.ndarray]:
+        """Flat prompt ids and per-row lengths (a text without a prompt: none)."""
+        prompts = [prompt] * rows if isinstance(prompt, str) else [p or "" for p in prompt]
+        if len(prompts) != rows:
+            raise ValueError(f"{len(prompts)} prompts for {rows} texts; give one prompt, or one per text")
+        distinct = sorted(set(prompts))
+        encoded = dict(zip(distinct, self._encode(distinct, max_length)))
+        return self._content_of([encoded[p] for p in prompts])
+
+    @staticmethod
+    def _content_of(enc: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
         lengths = np.fromiter(map(len, enc), dtype=np.int64, count=len(enc))
-        flat = np.fromiter(chain.from_iterable(enc), dtype=np.int64, count=int(lengths.sum()))
-        return flat, lengths
+        return np.fromiter(chain.from_iterable(enc), dtype=np.int64, count=int(lengths.sum())), lengths
 
     def _split(self, text: str, train: bool) -> list[str]:
         pieces = split_sentences(text, self._language, self._splitter, self._prefix_dir)
