@@ -201,3 +201,30 @@ def test_an_instruction_travels_as_a_sentence_transformers_prompt(decoder, tmp_p
     assert st.prompts["query"] == INSTRUCTION
     np.testing.assert_allclose(st.encode(texts, prompt_name="query", convert_to_numpy=True), ref, atol=1e-5)
     np.testing.assert_allclose(st.encode(texts, convert_to_numpy=True), decoder.encode(texts), atol=1e-5)
+
+
+def test_a_sources_instruction_reaches_its_queries_only(decoder, tmp_path) -> None:
+    import datasets
+
+    from lmk.config.data import DataConfig
+    from lmk.data.collator import PairCollator
+    from lmk.data.sampling import PairDataset
+
+    rows = [{"query": f"query {i} about rivers", "pos": [f"rivers {i} flow"], "neg": [f"stones {i}"]} for i in range(2)]
+    sources = [datasets.Dataset.from_list(rows), datasets.Dataset.from_list(rows)]
+    data = PairDataset(sources, group_size=2, seed=0, query_prompts=[INSTRUCTION, None])
+    examples = [data[(0, 0)], data[(0, 2)]]  # one row of each source
+    assert examples[0]["query_prompt"] == INSTRUCTION and "query_prompt" not in examples[1]
+    model = decoder.with_pooling(pool("lmk-fixed", chunk_size=4))
+    batch = PairCollator(model.landmark_tokenizer, query_max_length=64, passage_max_length=32)(examples)
+    want = model.tokenize([rows[0]["query"], rows[0]["query"]], side="query", prompt=[INSTRUCTION, None],
+                          max_length=64)
+    assert torch.equal(batch["query"]["input_ids"], want["input_ids"])
+    assert torch.equal(batch["query"]["pool_mask"], want["pool_mask"])
+    passages = model.tokenize([p for e in examples for p in e["passages"]], max_length=32)
+    assert torch.equal(batch["passage"]["input_ids"], passages["input_ids"])  # passages get no instruction
+    # config: a string or null, and map-style sources only
+    cfg = DataConfig.coerce({"sources": [{"path": "local", "query_prompt": INSTRUCTION}]})
+    assert cfg.sources[0].query_prompt == INSTRUCTION
+    with pytest.raises(ConfigError, match="map-style"):
+        DataConfig.coerce({"sources": [{"path": "local", "query_prompt": INSTRUCTION}], "streaming": True})

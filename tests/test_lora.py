@@ -16,7 +16,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 from sentence_transformers import SentenceTransformer
-from test_train import ENV, ROOT, cli, in_process, losses, overrides, results, write_pairs
+from test_train import ENV, ROOT, in_process, losses, overrides, results, write_pairs
 
 from lmk.model.embedding import EmbeddingModel
 from lmk.model.loading import load_model
@@ -28,6 +28,7 @@ TEXTS = ["Landmark pooling on a decoder, with adapters trained and merged.", "sh
          "A longer text that runs over several chunks of the landmark layout, to pool more than one landmark. " * 3]
 LORA = {"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["q_proj", "v_proj", "gate_proj"]}
 DECODER = ("experiment=tiny-decoder", "pooling=lmk-fixed", "pooling.chunk_size=8")
+PROMPT = "Instruct - given a question, retrieve passages that answer it. Query - "
 
 
 def decoder(**over) -> dict:
@@ -110,7 +111,9 @@ def test_the_export_merges_the_adapters(tmp_path) -> None:
 def lora_run(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("lora")
     pairs = write_pairs(root / "pairs.jsonl")
-    proc = cli(root / "run", pairs, *DECODER)
+    cmd = [sys.executable, "-m", "lmk.train", *DECODER, f"hydra.run.dir={root / 'run'}", "data.max_rows=null",
+           f"data.sources=[{{path:'{pairs}',name:pairs,query_prompt:'{PROMPT}'}}]"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return root / "run"
 
@@ -128,6 +131,10 @@ def test_a_lora_run_checkpoints_the_adapters_and_exports_its_model(lora_run) -> 
     assert info["kind"] == "checkpoint" and type(model.backbone).__name__ == "PeftModel"
     st = SentenceTransformer(str(lora_run / "export"), trust_remote_code=True, device="cpu")
     np.testing.assert_allclose(st.encode(TEXTS, convert_to_numpy=True), model.encode(TEXTS), atol=1e-5)
+    # the source's instruction travels as the export's prompts: by the source's name and as `query`
+    assert st.prompts["query"] == st.prompts["pairs"] == PROMPT
+    np.testing.assert_allclose(st.encode(TEXTS, prompt_name="query", convert_to_numpy=True),
+                               model.encode(TEXTS, prompt=PROMPT), atol=1e-5)
 
 
 @pytest.mark.slow  # two 10-step runs, one SIGKILLed, and its resume: about 3 minutes on 2 busy cores
