@@ -228,3 +228,35 @@ def test_a_sources_instruction_reaches_its_queries_only(decoder, tmp_path) -> No
     assert cfg.sources[0].query_prompt == INSTRUCTION
     with pytest.raises(ConfigError, match="map-style"):
         DataConfig.coerce({"sources": [{"path": "local", "query_prompt": INSTRUCTION}], "streaming": True})
+
+
+def test_an_eval_tasks_instruction_reaches_its_queries_only(decoder) -> None:
+    from types import SimpleNamespace
+
+    from mteb.types import PromptType
+
+    from lmk.config.eval import EvalConfig
+    from lmk.eval.encoder import LmkEncoder
+
+    texts = ["what is landmark pooling", "rivers and their stones"]
+    loader = [{"text": texts}]
+    task = SimpleNamespace(name="NFCorpus")
+    plain = LmkEncoder(decoder)
+    instructed = LmkEncoder(decoder, query_prompts={"NFCorpus": INSTRUCTION})
+    q = instructed.encode(loader, task_metadata=task, hf_split="test", hf_subset="default",
+                          prompt_type=PromptType.query)
+    np.testing.assert_array_equal(q, decoder.encode(texts, side="query", max_length=512, prompt=INSTRUCTION))
+    d = instructed.encode(loader, task_metadata=task, hf_split="test", hf_subset="default",
+                          prompt_type=PromptType.document)
+    np.testing.assert_array_equal(d, plain.encode(loader, task_metadata=task, hf_split="test", hf_subset="default",
+                                                   prompt_type=PromptType.document))
+    other = instructed.encode(loader, task_metadata=SimpleNamespace(name="SciFact"), hf_split="test",
+                              hf_subset="default", prompt_type=PromptType.query)
+    np.testing.assert_array_equal(other, plain.encode(loader, task_metadata=task, hf_split="test",
+                                                       hf_subset="default", prompt_type=PromptType.query))
+    # the mteb meta says so, and instructed results never share a cache entry with plain ones
+    assert instructed.mteb_model_meta.use_instructions and not plain.mteb_model_meta.use_instructions
+    assert instructed.mteb_model_meta.experiment_name != plain.mteb_model_meta.experiment_name
+    assert EvalConfig.coerce({"query_prompts": {"NFCorpus": INSTRUCTION}}).query_prompts == {"NFCorpus": INSTRUCTION}
+    with pytest.raises(ConfigError, match="query_prompts"):
+        EvalConfig.coerce({"query_prompts": ["an instruction without its task"]})

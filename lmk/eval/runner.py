@@ -266,7 +266,8 @@ def run_suite(
     # resolves against that device
     encoder = LmkEncoder(model, cfg.query_max_length, cfg.passage_max_length, cfg.batch_size,
                          show_progress=cfg.show_progress, tag=tag, max_tokens_per_batch=cfg.max_tokens_per_batch,
-                         precision=cfg.precision, workers=cfg.workers, prefetch=cfg.prefetch)
+                         precision=cfg.precision, workers=cfg.workers, prefetch=cfg.prefetch,
+                         query_prompts=cfg.query_prompts)
     meta = encoder.mteb_model_meta
     cache = mteb.ResultCache(cache_path=cache_dir)
     store = cache_dir / "per_query" / meta.model_name_as_path() / str(meta.revision) / (meta.experiment_name or "")
