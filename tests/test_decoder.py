@@ -26,7 +26,13 @@ TEXTS = ["Landmark pooling on a decoder puts an end-of-sequence token after ever
 
 
 def enc(name: str, **over) -> dict:
-    return {**OmegaConf.to_container(OmegaConf.load(CONF / "encoder" / f"{name}.yaml")), **over}
+    cfg = {**OmegaConf.to_container(OmegaConf.load(CONF / "encoder" / f"{name}.yaml")), **over}
+    if name == "tiny-modernbert":  # smaller still: both attention kinds (16-token windows), seconds to build
+        cfg["config_overrides"] = {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 2,
+                                   "intermediate_size": 96, "global_attn_every_n_layers": 2, "local_attention": 16,
+                                   "max_position_embeddings": 512}
+        cfg["max_positions"] = 512
+    return cfg
 
 
 def pool(name: str, **over) -> dict:
