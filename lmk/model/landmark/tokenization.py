@@ -126,6 +126,11 @@ class LandmarkTokenizer:
         included); the final SEP is not pooled. A truncated row is cut to max_length - 1 and still ends
         with the SEP (the authors' eval script).
 
+    `placement` (fixed, variable): ``after`` (default) puts each landmark after its chunk, the last chunk included;
+    ``authors`` puts it before each chunk and none after the last (``[CLS] [LMK] z1 [LMK] z2 ... [LMK] zn``), the
+    authors' decoder code, under which a causal model's landmarks never see the last chunk (docs/method.md s.10).
+    A call's `prompt` (an instruction) goes between the leading token and the text's layout, without landmarks.
+
     Every strategy tokenizes with special-token splitting on: "[SEP]" written in a text stays text and can
     never inject a landmark, CLS or padding id into its row. `prefix_dir` (not a setting: where files are) is the
     folder of the koehn splitter's non-breaking prefix files; None reads the sentence-splitter package's.
