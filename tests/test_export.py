@@ -17,6 +17,7 @@ import pytest
 from components import POOLING_CONFIGS
 from omegaconf import OmegaConf
 from sentence_transformers import SentenceTransformer
+from test_lora import lora_model
 
 from lmk.config import registry
 from lmk.export import LandmarkTransformer, export_sentence_transformers, load_exported
@@ -101,22 +102,30 @@ def test_export_embeds_as_lmk(exports, case) -> None:
     assert back.fingerprint() == model.fingerprint()
 
 
-def test_export_loads_and_embeds_without_lmk(exports, tmp_path) -> None:
+@pytest.fixture(scope="module")
+def lora_decoder(tmp_path_factory) -> tuple[EmbeddingModel, Path]:
+    """A causal decoder with trained LoRA adapters (tests/test_lora.py), exported with the adapters merged."""
+    model = lora_model()
+    return model, export_sentence_transformers(model, tmp_path_factory.mktemp("lora") / "export")
+
+
+def test_export_loads_and_embeds_without_lmk(exports, lora_decoder, tmp_path) -> None:
     """A fresh `python -I` whose imports of lmk (and of the splitter packages) fail: sentence-transformers alone,
-    with each folder's code, gives lmk's embeddings."""
+    with each folder's code, gives lmk's embeddings; a LoRA decoder's too (merged: float error only)."""
     names = sorted(CASES)
+    folders = {**exports, "lora-decoder": lora_decoder}
     (tmp_path / "texts.json").write_text(json.dumps(TEXTS))
     env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"}
     proc = subprocess.run([sys.executable, "-I", str(ROOT / "tests" / "st_alone.py"), str(tmp_path / "texts.json"),
-                           str(tmp_path), *(str(exports[n][1]) for n in names)],
+                           str(tmp_path), *(str(folders[n][1]) for n in [*names, "lora-decoder"])],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads((tmp_path / "refused_loaded.json").read_text()) == []
-    for i, name in enumerate(names):
+    for i, name in enumerate([*names, "lora-decoder"]):
         error = tmp_path / f"{i}.error"
         assert not error.exists(), f"{name}: {error.read_text()[-2000:] if error.exists() else ''}"
-        np.testing.assert_allclose(np.load(tmp_path / f"{i}.npy"), exports[name][0].encode(TEXTS), atol=1e-6,
-                                   err_msg=name)
+        np.testing.assert_allclose(np.load(tmp_path / f"{i}.npy"), folders[name][0].encode(TEXTS),
+                                   atol=1e-5 if name == "lora-decoder" else 1e-6, err_msg=name)
         assert all(m.startswith("transformers_modules.") for m in json.loads((tmp_path / f"{i}.modules").read_text()))
 
 

@@ -20,7 +20,7 @@ from lmk.model.loading import load_model
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 POOLINGS = POOLING_CONFIGS  # every conf/pooling option: a new one is built and encoded here by itself
-ENCODERS = ("minilm-l6", "tiny-modernbert")
+ENCODERS = ("minilm-l6", "tiny-modernbert", "tiny-decoder")  # two encoders and a causal decoder
 
 TEXTS = [
     "Landmark pooling inserts a separator after every chunk of tokens.",

@@ -162,7 +162,7 @@ def test_latent_attention_is_trainable(batch):
 
 
 def test_bad_input():
-    with pytest.raises(ValueError, match="unknown pooler 'max'; allowed: cls, mean, lmk, latent_attention"):
+    with pytest.raises(ValueError, match="unknown pooler 'max'; allowed: cls, mean, lmk, last_token, latent_attention"):
         build_pooler("max")
     with pytest.raises(ValueError, match="needs hidden_size"):
         build_pooler("latent_attention")

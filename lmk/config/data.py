@@ -37,6 +37,9 @@ class SourceConfig(Coercible):
       the rows, 2.0 each row twice. Weights mix several sources (the BGE-M3 recipe).
     split / data_files / subset / revision: passed to `datasets.load_dataset` for hub ids and folders alike
       (``data_files`` patterns are relative to the folder or repo root).
+    query_prompt: an instruction put before every query of this source (not its passages), e.g. the authors'
+      decoder format "Instruct: Given a web search query, retrieve relevant passages that answer the query\nQuery: ";
+      it gets no landmark (lmk.model.landmark.layouts.with_prompt). null: none. Map-style sources only.
     """
 
     @classmethod
@@ -51,8 +54,19 @@ class SourceConfig(Coercible):
     data_files: Any = None
     subset: str | None = None
     revision: str | None = None
+    query_prompt: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields, `query_prompt` left out where unset (a source without one keeps its description)."""
+        out = super().to_dict()
+        if out["query_prompt"] is None:
+            del out["query_prompt"]
+        return out
 
     def __post_init__(self) -> None:
+        if self.query_prompt is not None and not isinstance(self.query_prompt, str):
+            raise ConfigError(f"data.sources.query_prompt={self.query_prompt!r} must be a string (an instruction "
+                              "before each query) or null")
         if not isinstance(self.path, str) or not self.path.strip():
             raise ConfigError(
                 f"data.sources.path={self.path!r} is not valid; allowed values: a file path, "
@@ -110,6 +124,10 @@ class DataConfig(Coercible):
         names = [s.name for s in self.sources]
         if len(set(names)) != len(names):
             raise ConfigError(f"data.sources: duplicate source names {names}; give each a distinct `name`")
+        if self.streaming and any(s.query_prompt for s in self.sources):
+            # an interleaved stream does not say which source a row came from
+            raise ConfigError("data.sources.query_prompt needs map-style sources; set data.streaming=false or drop "
+                              "the query_prompt")
         if self.seed is None:  # a group file used without lmk.config.derive_seeds (which sets the root seed)
             self.seed = 0
         self.check_fields()

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
 from lmk.config.device import check_device, check_precision
-from lmk.config.schema import Coercible, ConfigError, at_least
+from lmk.config.schema import Coercible, ConfigError, at_least, plain
 
 # The LongEmbed lengths (in "tokens" = words / 0.75) the synthetic tasks are regenerated at (lmk.data.longembed).
 LENGTHS: tuple[int, ...] = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
@@ -62,6 +62,8 @@ class EvalConfig(Coercible):
     # or a count, 0 = in the model's thread (debugging); each keeps `prefetch` batches ready.
     workers: Any = "auto"
     prefetch: int = at_least(1, 2)  # batches each tokenization worker keeps ready
+    # task name -> an instruction put before that task's queries (not its documents), without landmarks in it
+    query_prompts: dict[str, str] = field(default_factory=dict)
     # Callback schedule: every N optimizer steps (None = only at fit end) and at the end of fit.
     every_n_steps: int | None = at_least(1, None)
     at_fit_end: bool = True
@@ -95,6 +97,11 @@ class EvalConfig(Coercible):
         self.lengths = [int(x) for x in self.lengths]
         self.groups = {str(k): list(v) for k, v in dict(self.groups).items()}
         self.task_options = {str(k): dict(v) for k, v in dict(self.task_options).items()}
+        prompts = plain(self.query_prompts) or {}
+        if not isinstance(prompts, dict) or not all(isinstance(v, str) for v in prompts.values()):
+            raise ConfigError(f"eval.query_prompts={self.query_prompts!r} must map task names to instructions "
+                              "(strings), e.g. {NFCorpus: 'Instruct: ...\\nQuery: '}")
+        self.query_prompts = {str(k): v for k, v in prompts.items()}
         self.check()
 
     def check(self) -> None:

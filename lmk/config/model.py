@@ -22,6 +22,39 @@ DEFAULT_LANGUAGE, SPLITTERS, DEFAULT_SPLITTER = registry.DEFAULT_LANGUAGE, regis
 ENCODER_SOURCES = ("hub", "package", "random")
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2")
 DTYPES = ("float32", "bfloat16", "float16")
+PADDING_SIDES = ("right", "left")
+PLACEMENTS = registry.PLACEMENTS
+# LoRA (peft) settings and the authors' values (decoder_ft's train_decoder.py: r 64, alpha 32, dropout 0.1 on every
+# attention and MLP projection of a Llama/Mistral/Granite block)
+LORA_DEFAULTS: dict[str, Any] = {"r": 64, "alpha": 32, "dropout": 0.1,
+                                 "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                                    "down_proj"]}
+
+
+def check_lora(name: str, lora: Any) -> dict[str, Any] | None:
+    """`encoder.lora` with the authors' values filled in where a key is not given; None: no adapter (every weight
+    trains). Raises a ConfigError naming the fix."""
+    if lora is None:
+        return None
+    if not isinstance(lora, dict):
+        raise ConfigError(f"encoder(name={name!r}).lora={lora!r} must be a mapping such as {{r: 64, alpha: 32}} "
+                          "or null (no adapter)")
+    unknown = sorted(set(lora) - set(LORA_DEFAULTS))
+    if unknown:
+        raise ConfigError(f"encoder(name={name!r}).lora: unknown keys {unknown}; allowed: {', '.join(LORA_DEFAULTS)}")
+    out = {**LORA_DEFAULTS, **lora}
+    out["target_modules"] = list(out["target_modules"] or [])
+    if isinstance(out["r"], bool) or not isinstance(out["r"], int) or out["r"] < 1:
+        raise ConfigError(f"encoder(name={name!r}).lora.r={out['r']!r} must be an integer >= 1 (the adapter rank)")
+    for key in ("alpha", "dropout"):
+        if isinstance(out[key], bool) or not isinstance(out[key], int | float) or out[key] < 0:
+            raise ConfigError(f"encoder(name={name!r}).lora.{key}={out[key]!r} must be a number >= 0")
+    if out["dropout"] >= 1:
+        raise ConfigError(f"encoder(name={name!r}).lora.dropout={out['dropout']!r} must be below 1")
+    if not out["target_modules"] or not all(isinstance(m, str) and m for m in out["target_modules"]):
+        raise ConfigError(f"encoder(name={name!r}).lora.target_modules={out['target_modules']!r} must be a non-empty "
+                          "list of module names (e.g. [q_proj, v_proj])")
+    return out
 
 
 @lru_cache(maxsize=1)
@@ -85,7 +118,22 @@ class EncoderConfig(Coercible):
     seed: int | None = 0  # random init; null in a config: the root `seed` (lmk.config.derive_seeds)
     # false: zero the rotary frequencies (the authors' `disable_rope` ablation; RoPE backbones only)
     rope: bool = True
+    # the tokenizer's padding side (right | left); null: the tokenizer's own. Either gives the same embeddings:
+    # positions come from the attention mask (lmk.model.landmark.backbone_inputs)
+    padding_side: str | None = None
+    # LoRA adapters (peft) on a frozen backbone: {r, alpha, dropout, target_modules}, missing keys take the authors'
+    # values (LORA_DEFAULTS); null: the whole backbone trains
+    lora: dict[str, Any] | None = None
     _target_: str | None = None  # accepted from configs written before (they named this dataclass); unused
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields, the decoder options left out where unset, so an encoder that does not use them keeps the
+        description (and model fingerprint) it had before they existed."""
+        out = super().to_dict()
+        for key in ("padding_side", "lora"):
+            if out[key] is None:
+                del out[key]
+        return out
 
     def __post_init__(self) -> None:
         self.config_overrides = dict(plain(self.config_overrides) or {})
@@ -97,6 +145,9 @@ class EncoderConfig(Coercible):
         _check_choice(n, "source", self.source, ENCODER_SOURCES)
         _check_choice(n, "attn_implementation", self.attn_implementation, ATTN_IMPLEMENTATIONS)
         _check_choice(n, "dtype", self.dtype, DTYPES)
+        if self.padding_side is not None:
+            _check_choice(n, "padding_side", self.padding_side, PADDING_SIDES)
+        self.lora = check_lora(self.name, plain(self.lora))
         if not isinstance(self.gradient_checkpointing, bool) and self.gradient_checkpointing != "auto":
             raise ConfigError(f"{n}.gradient_checkpointing={self.gradient_checkpointing!r} is not valid; allowed values: "
                               "true, false, auto")
@@ -143,7 +194,17 @@ class PoolingConfig(Coercible):
     language: str = "en"
     sentence_splitter: str = "koehn"
     max_sentence_tokens: int | None = at_least(1, None)  # null: never cut a sentence
+    # where the landmarks of fixed / variable go: after each chunk and after the last one (lmk's), or before each
+    # chunk and none after the last (`authors`: their decoder code; docs/method.md)
+    placement: str = "after"
     _target_: str | None = None  # accepted from configs written before (they named this dataclass); unused
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields, `placement` left out at its default (a row that does not use it keeps its description)."""
+        out = super().to_dict()
+        if out["placement"] == "after":
+            del out["placement"]
+        return out
 
     def __post_init__(self) -> None:
         self.pooler_kwargs = dict(plain(self.pooler_kwargs) or {})
@@ -160,6 +221,10 @@ class PoolingConfig(Coercible):
             raise ConfigError(
                 f"{n}: pooler={self.pooler} needs a strategy that marks pooled positions; allowed: {allowed}"
             )
+        _check_choice(n, "placement", self.placement, PLACEMENTS)
+        if self.placement != "after" and self.strategy not in registry.PLACED_STRATEGIES:
+            raise ConfigError(f"{n}(name={self.name!r}): placement={self.placement!r} applies to strategies "
+                              f"{', '.join(registry.PLACED_STRATEGIES)}; use placement: after with {self.strategy!r}")
         self.check_fields()
         if not self.train_chunk_sizes or not all(
             isinstance(size, int) and not isinstance(size, bool) and size >= 1 for size in self.train_chunk_sizes

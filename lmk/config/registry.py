@@ -15,6 +15,9 @@ from lmk.model.landmark import names
 SPLITTERS: tuple[str, ...] = tuple(names.SPLITTERS)
 DEFAULT_LANGUAGE: str = names.DEFAULT_LANGUAGE
 DEFAULT_SPLITTER: str = names.DEFAULT_SPLITTER
+# Where the landmarks of a chunked strategy go, and the strategies that take a placement
+PLACEMENTS: tuple[str, ...] = tuple(names.PLACEMENTS)
+PLACED_STRATEGIES: tuple[str, ...] = tuple(names.PLACED_STRATEGIES)
 
 
 def poolers() -> dict[str, dict[str, Any]]:

@@ -309,7 +309,8 @@ def _check_half_weights(root: RootConfig) -> None:
         raise ConfigError(f"trainer.precision={root.trainer.precision} trains half-precision weights without a "
                           f"float32 master copy, so most AdamW updates round away; {fix}")
     dtype = get_key(root.encoder, "dtype", "float32")
-    if dtype in HALF_DTYPES:
+    # with LoRA the half-precision base weights are frozen and only the adapters train, which peft keeps in float32
+    if dtype in HALF_DTYPES and get_key(root.encoder, "lora", None) is None:
         raise ConfigError(f"encoder.dtype={dtype} trains {dtype} weights without a float32 master copy, so most "
                           f"AdamW updates round away (it is for evaluation: lmk.evaluate); {fix}")
 

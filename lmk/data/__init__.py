@@ -24,5 +24,5 @@ __all__, __getattr__ = interface(__name__, {
     "lmk.data.pairs": ("PairDataError", "count_skipped", "load_pairs", "precheck_rows", "read_source",
                        "resolve_source", "source_fingerprint"),
     "lmk.data.retrieval": ("RetrievalCorpus",),
-    "lmk.data.sampling": ("EpochSampler", "sample_group"),
+    "lmk.data.sampling": ("EpochSampler", "PairDataset", "sample_group"),
 }, modules=("hub", "landmarks", "longdocs", "longembed", "offline_pairs", "pairs", "replica", "stats"))

@@ -32,10 +32,14 @@ class PairCollator:
         self.query_max_length = query_max_length
         self.passage_max_length = passage_max_length
 
-    def _tokenize(self, texts: list[str], max_length: int) -> dict[str, torch.Tensor]:
+    def _tokenize(self, texts: list[str], max_length: int, prompts: list[str | None] | None = None
+                  ) -> dict[str, torch.Tensor]:
         tok = self.tokenizer
         if hasattr(tok, "landmark_id"):
-            return tok(texts, train=True, max_length=max_length)
+            # an instruction before a query is tokenized apart from it: no landmark goes into the instruction
+            return tok(texts, train=True, max_length=max_length, **({"prompt": prompts} if prompts else {}))
+        if prompts:
+            texts = [(p or "") + t for p, t in zip(prompts, texts, strict=True)]
         enc = tok(texts, padding=True, truncation=True, max_length=max_length, return_tensors="pt")
         ids = enc["input_ids"]
         return {"input_ids": ids, "attention_mask": enc["attention_mask"], "pool_mask": torch.zeros_like(ids, dtype=torch.bool)}
@@ -50,9 +54,10 @@ class PairCollator:
             digest = hashlib.sha256(repr([tuple(e["key"]) for e in examples]).encode()).digest()
             self.tokenizer.reseed(int.from_bytes(digest[:4], "little"))
         queries = [e["query"] for e in examples]
+        prompts = [e.get("query_prompt") for e in examples]
         passages = [p for e in examples for p in e["passages"]]
         batch: dict[str, Any] = {
-            "query": self._tokenize(queries, self.query_max_length),
+            "query": self._tokenize(queries, self.query_max_length, prompts if any(prompts) else None),
             "passage": self._tokenize(passages, self.passage_max_length),
         }
         if all("key" in e for e in examples):

@@ -138,7 +138,7 @@ class PairDataModule(L.LightningDataModule):
             if len(d) == 0:
                 raise ValueError(f"training source {s.name!r} ({s.path}) has no usable rows")
             log.info("training source %s: %d rows, weight %.2f", s.name, len(d), s.weight)
-        self.train_set = PairDataset(self.datasets, c.group_size, c.seed)
+        self.train_set = PairDataset(self.datasets, c.group_size, c.seed, [s.query_prompt for s in c.sources])
 
     def sampler(self) -> EpochSampler:
         assert isinstance(self.train_set, PairDataset), "call setup() first (map-style sources)"

@@ -75,8 +75,11 @@ def sample_group(
 class PairDataset(torch.utils.data.Dataset):
     """Map-style view of several sources; item keys are ``(epoch, global_index[, repeat])`` (from `EpochSampler`)."""
 
-    def __init__(self, sources: Sequence[datasets.Dataset], group_size: int, seed: int) -> None:
+    def __init__(self, sources: Sequence[datasets.Dataset], group_size: int, seed: int,
+                 query_prompts: Sequence[str | None] | None = None) -> None:
         self.sources = list(sources)
+        # per source: the instruction before its queries (the collator tokenizes it without landmarks)
+        self.query_prompts = list(query_prompts or [None] * len(self.sources))
         self.sizes = [len(s) for s in self.sources]
         self.offsets = np.cumsum([0] + self.sizes)
         self.group_size = group_size
@@ -99,6 +102,8 @@ class PairDataset(torch.utils.data.Dataset):
             pool = self._random_pool(src, row, rng)
         out = sample_group(record, self.group_size, rng, pool)
         out["key"] = (self.seed, epoch, index, *repeat)
+        if self.query_prompts[src]:
+            out["query_prompt"] = self.query_prompts[src]
         return out
 
     def _random_pool(self, src: int, row: int, rng: np.random.Generator) -> list[str]:

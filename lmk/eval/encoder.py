@@ -15,6 +15,8 @@ share an mteb cache entry. Batching is not part of the identity: it does not cha
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import time
 from collections.abc import Mapping
@@ -59,7 +61,11 @@ class LmkEncoder(AbsEncoder):
         precision: str = "fp32",
         workers: int | str = "auto",
         prefetch: int = 2,
+        query_prompts: Mapping[str, str] | None = None,
     ) -> None:
+        """`query_prompts`: an instruction per task name, put before that task's queries (never its documents) as a
+        prompt without landmarks (EmbeddingModel.encode); they name the cache entry too (other prompts, other
+        embeddings)."""
         checks = [("query_max_length", query_max_length), ("passage_max_length", passage_max_length),
                   ("batch_size", batch_size)]
         if max_tokens_per_batch is not None:  # None: batch_size rows per batch
@@ -77,6 +83,7 @@ class LmkEncoder(AbsEncoder):
         self.show_progress = show_progress
         # the encode pipeline's tokenization processes (lmk.model.pipeline): not part of the identity
         self.workers, self.prefetch = workers, prefetch
+        self.query_prompts = {str(k): str(v) for k, v in (query_prompts or {}).items() if v}
         self.fingerprint = model.fingerprint()
         # Counters (tests and logs): encode calls, texts encoded, texts truncated to the max length.
         self.n_encode_calls = 0
@@ -96,6 +103,9 @@ class LmkEncoder(AbsEncoder):
             experiment["precision"] = self.precision  # bf16 embeddings differ (slightly) from fp32 ones
         if tag:
             experiment["tag"] = _safe(tag)
+        if self.query_prompts:  # instructed queries embed differently: their own cache entry
+            digest = hashlib.blake2b(json.dumps(self.query_prompts, sort_keys=True).encode(), digest_size=4)
+            experiment["prompts"] = digest.hexdigest()
         return ModelMeta(
             loader=None,
             name=f"lmk/{_safe(encoder)}__{_safe(pooling)}__{self.fingerprint}",
@@ -113,7 +123,7 @@ class LmkEncoder(AbsEncoder):
             framework=["PyTorch"],
             reference=None,
             similarity_fn_name="cosine",
-            use_instructions=False,
+            use_instructions=bool(self.query_prompts),
             training_datasets=None,
             experiment_kwargs=experiment,
         )
@@ -152,6 +162,7 @@ class LmkEncoder(AbsEncoder):
                 texts, side=side, batch_size=self.batch_size, max_length=max_length, show_progress=self.show_progress,
                 max_tokens_per_batch=self.max_tokens_per_batch, precision=self.precision, workers=self.workers,
                 prefetch=self.prefetch,
+                prompt=self.query_prompts.get(task_metadata.name) if side == "query" else None,
             )
         except NonFiniteEmbeddingError as err:  # name the text as the task knows it
             text_id = ids[err.index] if err.index < len(ids) and ids[err.index] is not None else err.index

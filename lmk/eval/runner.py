@@ -261,7 +261,8 @@ def _evaluate_task(task: AbsTask, encoder: LmkEncoder, cache: mteb.ResultCache, 
 def build_encoder(model: EmbeddingModel, cfg: EvalConfig, tag: str | None = None) -> LmkEncoder:
     """The mteb model of `cfg.scoring`: one vector per text (single) or lmk's landmark states under MaxSim."""
     kwargs: dict[str, Any] = dict(show_progress=cfg.show_progress, tag=tag, max_tokens_per_batch=cfg.max_tokens_per_batch,
-                                  precision=cfg.precision, workers=cfg.workers, prefetch=cfg.prefetch)
+                                  precision=cfg.precision, workers=cfg.workers, prefetch=cfg.prefetch,
+                                  query_prompts=cfg.query_prompts)
     if cfg.scoring == "maxsim":
         kwargs.update(query_states=cfg.maxsim_query, block_mb=cfg.maxsim_block_mb)
         return LmkMaxSimEncoder(model, cfg.query_max_length, cfg.passage_max_length, cfg.batch_size, **kwargs)

@@ -1,7 +1,7 @@
 """The model side: texts -> landmark-tokenized features -> backbone -> pooler -> L2-normalised embeddings.
 
     landmark/        the code every export carries: LandmarkTokenizer (strategies, layouts, sentence splitters),
-                     the poolers (@register_pooler: cls, mean, lmk, latent_attention) and LandmarkTransformer
+                     the poolers (@register_pooler: cls, mean, lmk, last_token, latent_attention) and LandmarkTransformer
     backbone.py      the transformers backbone + tokenizer of an encoder config (package, hub, random init)
     embedding.py     EmbeddingModel: build, encode (batched, any device / precision), save / load
     batching.py      inference batches by rows or by token budget; device.py: eval device and precision
@@ -10,6 +10,8 @@
     multi_vector.py  a text as its landmark states kept apart (MaxSim scoring), the states the lmk pooler averages
     loading.py       any model reference (run folder, export, .ckpt, HF encoder) -> EmbeddingModel
     modernbert_tokenizer.py  an offline tokenizer that behaves like ModernBERT's (rehearsal)
+    decoder_tokenizer.py     an offline tokenizer shaped like Llama's / Mistral's (the random decoders)
+    lora.py          LoRA adapters (peft) on a frozen backbone; the merged plain model an export carries
 """
 
 from lmk import interface
@@ -24,10 +26,11 @@ __all__, __getattr__ = interface(__name__, {
                          "export_sentence_transformers", "is_export", "is_multi_vector", "load_exported",
                          "needed_packages", "to_multi_vector_encoder"),
     "lmk.model.loading": ("load_hf_encoder", "load_model"),
+    "lmk.model.lora": ("add_lora", "is_lora", "merged"),
     "lmk.model.multi_vector": ("encode_states", "no_landmarks", "pooled_states"),
     "lmk.model.long_attention": ("BLOCK", "LEAN_SDPA", "banded_attention", "guard_padded_rows",
                                  "lean_attention"),
     "lmk.model.pipeline": ("EncodeError", "NonFiniteEmbeddingError", "WINDOW", "collate", "resolve_workers",
                            "unpad"),
     "lmk.model.shape": ("EncoderShape", "encoder_shape"),
-}, modules=("backbone", "modernbert_tokenizer", "pipeline"))
+}, modules=("backbone", "decoder_tokenizer", "modernbert_tokenizer", "pipeline"))

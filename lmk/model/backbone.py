@@ -17,6 +17,7 @@ from transformers import AutoConfig, AutoModel, AutoTokenizer, PreTrainedModel, 
 from lmk.config.model import EncoderConfig
 from lmk.hub.mirror import resolve_model
 from lmk.hub.offline import hub_offline, is_hub_id
+from lmk.model.lora import add_lora
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +106,8 @@ def load_tokenizer(spec: str, max_positions: int, cfg: EncoderConfig | None = No
     if not getattr(tok, "is_fast", False):
         raise ValueError(f"tokenizer {src!r} has no fast (Rust) version; LandmarkTokenizer needs a fast tokenizer")
     tok.model_max_length = max_positions
+    if cfg is not None and cfg.padding_side is not None:
+        tok.padding_side = cfg.padding_side  # saved with the tokenizer: an export pads the same way
     return tok
 
 
@@ -211,6 +214,8 @@ def set_rope(model: PreTrainedModel, enabled: bool, name: str = "?") -> None:
 
 
 def is_checkpointing(model: PreTrainedModel) -> bool:
+    if hasattr(model, "get_base_model"):  # a LoRA (peft) wrapper: its base model checkpoints
+        model = model.get_base_model()
     if hasattr(type(model), "is_activation_checkpointing"):
         return bool(model.is_activation_checkpointing)
     return bool(getattr(model, "is_gradient_checkpointing", False))
@@ -252,4 +257,6 @@ def load_backbone(encoder_cfg: Any) -> tuple[PreTrainedModel, PreTrainedTokenize
     from lmk.model.long_attention import guard_padded_rows
 
     guard_padded_rows(model)  # a bare backbone too (benchmarks, probes): no NaN from a padded row without a key
+    if cfg.lora is not None:
+        model = add_lora(model, cfg.lora, cfg.name)  # last: checkpointing and the guard act on the base layers
     return model, tok

@@ -24,10 +24,12 @@ from lmk.config.model import EncoderConfig, PoolingConfig
 from lmk.model.backbone import is_checkpointing, load_backbone, set_checkpointing, set_rope
 from lmk.model.device import autocast, resolve_precision
 from lmk.model.landmark import build_pooler
+from lmk.model.landmark.backbone_inputs import backbone_inputs
 from lmk.model.landmark.legacy_config import saved_config_file
 from lmk.model.landmark.sliding_window_guard import guard_padded_rows
 from lmk.model.landmark.tokenization import LandmarkTokenizer
 from lmk.model.long_attention import lean_attention
+from lmk.model.lora import merged
 from lmk.model.pipeline import encode_texts
 from lmk.run.umask_files import write_json
 
@@ -37,8 +39,6 @@ SIDES = ("query", "passage")
 MODEL_CONFIG_FILE = "embedding_model.json"  # save_pretrained's description (legacy_config reads older folders)
 POOLER_WEIGHTS_FILE = "pooler.safetensors"
 FORMAT_VERSION = 1
-# Backbone inputs the LandmarkTokenizer output may carry; pool_mask is for the pooler only.
-_BACKBONE_KEYS = ("input_ids", "attention_mask", "token_type_ids")
 
 
 def make_tokenizer(tokenizer: Any, pooling: PoolingConfig, max_length: int, seed: int) -> LandmarkTokenizer:
@@ -52,6 +52,7 @@ def make_tokenizer(tokenizer: Any, pooling: PoolingConfig, max_length: int, seed
         language=pooling.language,
         sentence_splitter=pooling.sentence_splitter,
         max_sentence_tokens=pooling.max_sentence_tokens,
+        placement=pooling.placement,
     )
 
 
@@ -194,15 +195,18 @@ class EmbeddingModel(torch.nn.Module):
         return max_length
 
     def tokenize(
-        self, texts: Sequence[str], side: str = "passage", train: bool = False, max_length: int | None = None
+        self, texts: Sequence[str], side: str = "passage", train: bool = False, max_length: int | None = None,
+        prompt: str | Sequence[str | None] | None = None,
     ) -> dict[str, torch.Tensor]:
-        """Landmark-tokenize texts for one side (queries and passages only differ in max length)."""
-        return self.landmark_tokenizer(texts, train=train, max_length=self._max_length(side, max_length))
+        """Landmark-tokenize texts for one side (queries and passages only differ in max length); `prompt`: an
+        instruction before each text, without landmarks (LandmarkTokenizer)."""
+        return self.landmark_tokenizer(texts, train=train, max_length=self._max_length(side, max_length),
+                                       prompt=prompt)
 
     # ---------------------------------------------------------------------------------- forward
     def token_embeddings(self, features: dict[str, torch.Tensor]) -> torch.Tensor:
         """Last-layer hidden states [B, T, H]."""
-        inputs = {k: features[k] for k in _BACKBONE_KEYS if k in features}
+        inputs = backbone_inputs(self.backbone, features)
         return self.backbone(**inputs).last_hidden_state
 
     def forward(self, features: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -236,6 +240,7 @@ class EmbeddingModel(torch.nn.Module):
         precision: str = "fp32",
         workers: int | str = "auto",
         prefetch: int = 2,
+        prompt: str | None = None,
     ) -> np.ndarray:
         """float32 [N, H] embeddings in input order; batches are length-sorted to minimise padding.
 
@@ -245,6 +250,7 @@ class EmbeddingModel(torch.nn.Module):
         CPU); the weights are not cast and pooling runs in float32. workers: tokenization processes
         (auto: from the cores and the device; 0: in this thread, for debugging), each keeping `prefetch`
         batches ready (lmk.model.pipeline). Each text is tokenized once; the values do not depend on workers.
+        prompt: an instruction before every text (a query-side instruction), which gets no landmark.
         Raises EncodeError (a text that cannot be tokenized) or NonFiniteEmbeddingError, naming the index.
         """
         if isinstance(texts, str):
@@ -265,7 +271,8 @@ class EmbeddingModel(torch.nn.Module):
         self.eval()
         try:
             out, self.truncation_count = encode_texts(
-                functools.partial(self.landmark_tokenizer, train=False, max_length=max_length),
+                functools.partial(self.landmark_tokenizer, train=False, max_length=max_length,
+                                  **({"prompt": prompt} if prompt else {})),
                 functools.partial(self._embed_batch, precision=precision), texts,
                 hidden_size=self.hidden_size, max_length=max_length, device=device, batch_size=batch_size,
                 max_tokens_per_batch=max_tokens_per_batch, pad=(self.landmark_tokenizer.pad_id,
@@ -296,7 +303,7 @@ class EmbeddingModel(torch.nn.Module):
                       ) -> torch.Tensor:
         """Inference forward of one tokenized batch (on the model's device) -> float32 last hidden states [B, T, H]:
         what the pooler pools, and what multi-vector scoring (lmk.model.multi_vector) keeps apart."""
-        inputs = {k: feats[k] for k in _BACKBONE_KEYS if k in feats}
+        inputs = backbone_inputs(self.backbone, feats)
         if unpadded is None:
             unpadded = inputs["input_ids"].shape[0] == 1 and bool(feats["attention_mask"].all())
         if unpadded:
@@ -330,7 +337,7 @@ class EmbeddingModel(torch.nn.Module):
         """Backbone (HF format) + tokenizer + embedding_model.json (+ pooler weights when trainable)."""
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
-        self.backbone.save_pretrained(path)
+        merged(self.backbone).save_pretrained(path)  # LoRA folded in: the folder loads as a plain model
         self.tokenizer.save_pretrained(path)
         cfg = self.config_dict()
         if cfg["pooler"]["weights"]:

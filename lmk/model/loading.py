@@ -42,6 +42,9 @@ def _load_from_checkpoint(ckpt: Path, run_dir: Path, trust_remote_code: bool = F
     # ContrastiveModule keeps the EmbeddingModel as `.model`: strip that prefix.
     weights = {k[len("model."):]: v for k, v in state.items() if k.startswith("model.")}
     missing, unexpected = model.load_state_dict(weights, strict=False)
+    # a LoRA run's checkpoint leaves out the frozen base weights: the rebuilt model has them already
+    frozen = {name for name, param in model.named_parameters() if not param.requires_grad}
+    missing = [k for k in missing if k not in frozen]
     if missing:
         raise RuntimeError(f"{ckpt}: weights missing for {missing[:5]} ({len(missing)} keys)")
     if unexpected:

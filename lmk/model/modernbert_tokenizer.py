@@ -18,6 +18,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from pydoc_data.topics import topics
 
@@ -77,15 +78,21 @@ def build(folder: str | os.PathLike, bpe_size: int = BPE_SIZE) -> Path:
 
 def get_model_path(bpe_size: int = BPE_SIZE, cache_dir: str | os.PathLike | None = None) -> Path:
     """The cached tokenizer folder (built on first use; safe when several processes race to build it)."""
+    return cached_folder(f"modernbert-like-{fingerprint(bpe_size)}", lambda tmp: build(tmp, bpe_size), cache_dir)
+
+
+def cached_folder(name: str, build_into: Callable[[Path], object], cache_dir: str | os.PathLike | None = None) -> Path:
+    """`$LMK_CACHE/tokenizers/<name>`, written by `build_into(folder)` on first use (into a temporary folder renamed
+    into place: safe when several processes race to build it)."""
     root = cache_root(cache_dir) / "tokenizers"
-    folder = root / f"modernbert-like-{fingerprint(bpe_size)}"
+    folder = root / name
     if (folder / "tokenizer.json").exists():
         return folder
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=root))
     follow_umask(tmp, directory=True)  # mkdtemp makes it 0700
     try:
-        build(tmp, bpe_size)
+        build_into(tmp)
         try:
             os.rename(tmp, folder)  # atomic: a reader never sees half a folder
         except OSError:

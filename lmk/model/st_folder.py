@@ -38,6 +38,7 @@ from lmk.config import UserError
 from lmk.config.model import EncoderConfig, PoolingConfig
 from lmk.model.embedding import EmbeddingModel
 from lmk.model.landmark import POOLERS, LandmarkTransformer, LandmarkVectorMask, Pooler, build_pooler
+from lmk.model.lora import merged
 from lmk.model.multi_vector import no_landmarks
 
 CODE_DIR = Path(__file__).resolve().parent / "landmark"
@@ -61,10 +62,13 @@ def class_ref(module: torch.nn.Module) -> str:
 
 
 def to_sentence_transformer(model: EmbeddingModel, max_length: int | None = None,
-                            scored_at: dict[str, int] | None = None) -> SentenceTransformer:
-    """A SentenceTransformer sharing `model`'s backbone, tokenizer and pooler (no copy); `max_length` becomes its
-    `max_seq_length` (sentence-transformers' name). `scored_at`: the per-side lengths a model card's scores were
-    computed at (query_max_length, passage_max_length), mteb's loader's defaults (lmk.eval.mteb_model)."""
+                            scored_at: dict[str, int] | None = None,
+                            prompts: dict[str, str] | None = None) -> SentenceTransformer:
+    """A SentenceTransformer sharing `model`'s backbone (a LoRA one: a merged copy), tokenizer and pooler;
+    `max_length` becomes its `max_seq_length` (sentence-transformers' name). `scored_at`: the per-side lengths a model card's scores were
+    computed at (query_max_length, passage_max_length), mteb's loader's defaults (lmk.eval.mteb_model). `prompts`:
+    sentence-transformers' named prompts (e.g. {"query": "Instruct: ...\nQuery: "}), which the landmark input module
+    puts before a text without landmarks in them."""
     if model.pooling_cfg is None:
         raise ValueError("export needs model.pooling_cfg (build the model with EmbeddingModel.build)")
     if not isinstance(model.pooler, Pooler):
@@ -75,20 +79,22 @@ def to_sentence_transformer(model: EmbeddingModel, max_length: int | None = None
     if scored_at:
         lmk["scored_at"] = {k: int(scored_at[k]) for k in ("query_max_length", "passage_max_length")}
     encoder = model.encoder_cfg
-    first = LandmarkTransformer(model.backbone, model.landmark_tokenizer, max_seq_length=max_length or model.passage_max_length,
+    # a LoRA backbone is exported with its adapters folded in (a copy): the folder loads without peft
+    first = LandmarkTransformer(merged(model.backbone), model.landmark_tokenizer, max_seq_length=max_length or model.passage_max_length,
                                 max_positions=model.max_positions, rope=encoder.rope if encoder else True,
                                 attn_implementation=encoder.attn_implementation if encoder else "sdpa", lmk=lmk)
     # device=model's device so the shared backbone is not moved
-    return SentenceTransformer(modules=[first, model.pooler], device=str(model.device))
+    return SentenceTransformer(modules=[first, model.pooler], device=str(model.device), prompts=dict(prompts or {}))
 
 
 def export_sentence_transformers(model: EmbeddingModel, path: str | os.PathLike,
-                                 max_length: int | None = None, scored_at: dict[str, int] | None = None) -> Path:
+                                 max_length: int | None = None, scored_at: dict[str, int] | None = None,
+                                 prompts: dict[str, str] | None = None) -> Path:
     """Write a sentence-transformers folder that carries its code; `max_length` (the folder's `max_seq_length`: the
     one length both sentence-transformers and `load_exported` cut texts at by default) defaults to the model's
-    passage max length."""
+    passage max length; `prompts` go into config_sentence_transformers.json (`encode(..., prompt_name="query")`)."""
     path = Path(path)
-    st = to_sentence_transformer(model, max_length=max_length, scored_at=scored_at)
+    st = to_sentence_transformer(model, max_length=max_length, scored_at=scored_at, prompts=prompts)
     st.save(str(path), create_model_card=False)
     _carry_code(path, st)
     (path / "README.md").write_text(_README.format(name=model.name, max_len=st[0].max_seq_length,

@@ -251,12 +251,21 @@ def _fit(run: _Run) -> float:
     return time.perf_counter() - t0
 
 
+def query_prompts(sources: Any) -> dict[str, str]:
+    """The training sources' query instructions as sentence-transformers' named prompts: one per source (its name)
+    and, where every instructed source shares one, `query` too (what mteb and `encode(prompt_name="query")` use)."""
+    prompts = {s.name: s.query_prompt for s in sources if s.query_prompt}
+    if len(set(prompts.values())) == 1:
+        prompts["query"] = next(iter(prompts.values()))
+    return prompts
+
+
 def _finish(run: _Run, fit_s: float, metrics: dict[str, float]) -> None:
     """Rank 0: the export and the finished results.json (metrics, timings, data report, checkpoints)."""
     typed, run_dir = run.typed, run.run_dir
     if typed.train.export:
         with run.timer.section("export"), quiet_progress_bars():
-            export_sentence_transformers(run.model, run_dir / "export")
+            export_sentence_transformers(run.model, run_dir / "export", prompts=query_prompts(typed.data.sources))
     timings: dict[str, Any] = dict(run.timer.timings)
     steps = metrics["global_step"] - (run.point.step or 0)  # a resumed fit ran only the rest
     timings["fit_steps"] = steps

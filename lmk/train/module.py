@@ -215,6 +215,25 @@ class ContrastiveModule(pl.LightningModule):
     def on_train_epoch_start(self) -> None:
         self._last_step_time = None  # the epoch boundary (loader start-up) is not a training interval
 
+    # ---- checkpoints ---------------------------------------------------------------------------
+    def _frozen_keys(self) -> set[str]:
+        """State-dict keys of the weights that do not train (a LoRA run's base model): rebuilt from the config on
+        every load (a seeded init or the hub's weights), so a checkpoint need not carry them."""
+        return {name for name, param in self.named_parameters() if not param.requires_grad}
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # a 7B LoRA run's checkpoint is megabytes: the adapters (and any trained head), not the frozen base
+        frozen = self._frozen_keys()
+        if frozen:
+            checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k not in frozen}
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # Lightning loads the state dict strictly after this hook: the frozen weights this module was built with
+        # fill in what the checkpoint left out, and any other missing or unexpected key still fails the load
+        state, own = checkpoint["state_dict"], self.state_dict()
+        for key in self._frozen_keys() - set(state):
+            state[key] = own[key]
+
     # ---- optimisation --------------------------------------------------------------------------
     def _total_steps(self) -> int:
         if self.max_steps and self.max_steps > 0:

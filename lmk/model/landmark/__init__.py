@@ -4,11 +4,12 @@
     layouts.py               where each token of a row goes (numpy), truncation after insertion
     koehn_splitter.py, sentences.py   the sentence splitters of the `sentence` strategy
     tokenization.py          LandmarkTokenizer (strategies none / fixed / variable / sentence / every_k / multi_cls)
-    poolers.py               the pooler contract, its registry (@register_pooler) and cls / mean / lmk
+    poolers.py               the pooler contract, its registry (@register_pooler) and cls / mean / lmk / last_token
     latent_attention.py      the authors' trainable latent-attention pooler
     landmark_transformer.py  LandmarkTransformer: the sentence-transformers input module (tokenizer + backbone)
     landmark_mask.py         which states a multi-vector (MaxSim) text keeps: vector_mask, LandmarkVectorMask
     sliding_window_guard.py  keeps sliding-window attention off fully padded rows
+    backbone_inputs.py       what the backbone is called with: where a decoder's inputs differ from an encoder's
     legacy_config.py         what older lmk versions saved under names lmk no longer writes
 
 lmk trains and encodes with these classes, and `lmk.model.st_folder` copies these files verbatim into every export, so
@@ -32,6 +33,7 @@ _DEFINED_IN = {
     "CONFIG_FILE": "landmark_transformer", "legacy_config": "legacy_config", "names": "names",
     "LandmarkTransformer": "landmark_transformer", "read_settings": "landmark_transformer",
     "set_rope": "landmark_transformer",
+    "backbone_inputs": "backbone_inputs", "LastTokenPooling": "poolers",
     "LatentAttentionPooling": "latent_attention", "STRATEGY_TRAITS": "layouts", "rows_and_local": "layouts",
     "guard_padded_rows": "sliding_window_guard", "has_sliding_window": "sliding_window_guard",
     "no_empty_rows": "sliding_window_guard",

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from transformers import AutoModel, AutoTokenizer, PreTrainedModel
 
+from .backbone_inputs import backbone_inputs
 from .koehn_splitter import prefix_file
 from .legacy_config import LEGACY_CONFIG_FILE, export_settings
 from .sliding_window_guard import guard_padded_rows
@@ -42,7 +43,6 @@ except ImportError:  # sentence-transformers 5.x keeps its module classes in `mo
 
 CONFIG_FILE = "landmark_config.json"
 PREFIX_DIR = "non_breaking_prefixes"  # the koehn splitter's prefix file, copied beside the config
-_BACKBONE_KEYS = ("input_ids", "attention_mask", "token_type_ids")
 
 
 def set_rope(model: PreTrainedModel, enabled: bool, name: str = "?") -> None:
@@ -91,6 +91,7 @@ def _tokenizer_settings(config: dict[str, Any]) -> dict[str, Any]:
         "language": config.get("language", "en"),
         "sentence_splitter": config.get("sentence_splitter", "koehn"),
         "max_sentence_tokens": config.get("max_sentence_tokens"),
+        "placement": config.get("placement", "after"),  # exports before placements existed: after
     }
 
 
@@ -131,17 +132,16 @@ class LandmarkTransformer(InputModule):
         for i, text in enumerate(texts):
             if not isinstance(text, str):
                 raise ValueError(f"LandmarkTransformer takes text only; input {i} is {type(text).__name__}")
-        if prompt:
-            texts = [prompt + t for t in texts]
         max_length = min(self.max_seq_length, self.max_positions)
-        features = self.landmark_tokenizer(texts, train=self.training, max_length=max_length)
+        # a prompt (an instruction, sentence-transformers' `prompts`) precedes the text without landmarks in it
+        features = self.landmark_tokenizer(texts, train=self.training, max_length=max_length, prompt=prompt or None)
         if not self._length_set:
             say_unset_cut(self, features, max_length, "set `model.max_seq_length = N` (or LandmarkTransformer(..., "
                           f"max_seq_length=N)); this backbone takes up to {self.max_positions} tokens")
         return features
 
     def forward(self, features: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
-        inputs = {k: features[k] for k in _BACKBONE_KEYS if k in features}
+        inputs = backbone_inputs(self.auto_model, features)
         features["token_embeddings"] = self.auto_model(**inputs).last_hidden_state
         return features
 
@@ -166,6 +166,7 @@ class LandmarkTransformer(InputModule):
             "rope": self.rope,
             "attn_implementation": self.attn_implementation,
             "lmk": self.lmk,
+            **({"placement": tok.placement} if tok.placement != "after" else {}),
         }
 
     def save(self, output_path: str, *args: Any, safe_serialization: bool = True, **kwargs: Any) -> None:

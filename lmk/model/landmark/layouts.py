@@ -58,16 +58,21 @@ def plain_layout(ids: np.ndarray, n: np.ndarray, landmark_id: int) -> Layout:
 
 
 def chunked_layout(ids: np.ndarray, n: np.ndarray, chunk_sizes: np.ndarray, multi_cls: bool, landmark_id: int,
-                   cls_id: int) -> Layout:
+                   cls_id: int, before: bool = False) -> Layout:
     """A landmark after every `chunk_sizes[row]` content tokens (fixed, variable), or a CLS before every chunk and
     a final SEP (multi_cls). Content position j -> 1 + j + j // chunk_size (one inserted token per complete chunk
-    before it)."""
+    before it). `before` (placement `authors`): the landmark goes before each chunk instead, none after the last
+    (`[CLS] [LMK] z1 [LMK] z2 ... [LMK] zn`): content j -> 2 + j + j // chunk_size."""
     rows, local = rows_and_local(n)
-    c_pos = 1 + local + local // chunk_sizes[rows]
+    c_pos = 1 + local + local // chunk_sizes[rows] + int(before)
     m = np.maximum(1, -(-n // chunk_sizes))  # chunks per row (an empty text still gets one landmark)
     i_row, i_local = rows_and_local(m)
     chunk_size = chunk_sizes[i_row]
-    if multi_cls:
+    if before:
+        i_pos = 1 + i_local * (chunk_size + 1)  # chunk i starts after i chunks and their i landmarks
+        i_id = np.full(len(i_row), landmark_id)
+        i_pool = np.ones(len(i_row), bool)
+    elif multi_cls:
         # a CLS before chunks 2..m at i * (chunk_size + 1), then a final SEP after the content (not pooled)
         is_last = i_local == m[i_row] - 1
         i_pos = np.where(is_last, n[i_row] + m[i_row], (i_local + 1) * (chunk_size + 1))
@@ -123,6 +128,24 @@ def sentence_layout(ids: np.ndarray, s_len: np.ndarray, s_row: np.ndarray, n_tex
         i_id=np.full(len(b_row), landmark_id),
         i_pool=np.ones(len(b_row), bool),
         total=1 + n + b_count,
+    )
+
+
+def with_prompt(lay: Layout, ids: np.ndarray, n: np.ndarray) -> Layout:
+    """`n[row]` prompt (instruction) tokens, flat in `ids`, between the leading token and the text's layout: the text's
+    tokens and landmarks move right by them. The prompt holds no landmark and is never pooled: landmarks mark chunks
+    of the text, whatever instruction precedes it."""
+    rows, local = rows_and_local(n)
+    return Layout(
+        c_ids=np.concatenate([ids, lay.c_ids]),
+        c_row=np.concatenate([rows, lay.c_row]),
+        c_pos=np.concatenate([1 + local, lay.c_pos + n[lay.c_row]]),
+        i_row=lay.i_row,
+        i_pos=lay.i_pos + n[lay.i_row],
+        i_id=lay.i_id,
+        i_pool=lay.i_pool,
+        total=lay.total + n,
+        pool_lead=lay.pool_lead,
     )
 
 

@@ -30,6 +30,7 @@ POOLERS: dict[str, dict[str, Any]] = {
     "mean": {**POOLER_NEEDS, "attention_rows": "mean"},
     "lmk": {**POOLER_NEEDS, "needs_pool_mask": True, "attention_rows": "lmk"},
     "latent_attention": {**POOLER_NEEDS, "needs_hidden_size": True, "trainable": True},
+    "last_token": {**POOLER_NEEDS},
 }
 
 STRATEGY_TRAITS: Mapping[str, Mapping[str, bool]] = {
@@ -40,6 +41,12 @@ STRATEGY_TRAITS: Mapping[str, Mapping[str, bool]] = {
     "every_k": {"marks_pooled": True, "chunked": True, "inserts_landmarks": False},
     "multi_cls": {"marks_pooled": True, "chunked": True, "inserts_landmarks": False},
 }
+
+# Where the landmarks of the fixed and variable strategies go: "after" each chunk, the last one included (lmk's:
+# under causal attention the last landmark has seen the whole text), or "authors": before each chunk and none after
+# the last (the authors' decoder code, `insert_lmk_tokens`: no landmark sees the last chunk)
+PLACEMENTS = ("after", "authors")
+PLACED_STRATEGIES = ("fixed", "variable")
 
 # The sentence splitters of the `sentence` strategy (sentences.py)
 SPLITTERS = ("koehn", "multilingual", "sentencex")

@@ -15,6 +15,8 @@ The paper's poolers (mode = `name`):
   - ``mean``: masked mean over all non-pad tokens ([CLS] and [SEP] included).
   - ``lmk``: mean over `pool_mask & attention_mask` (landmarks, or every-k / multi-CLS positions); a row with no
     pooled position falls back to the masked mean.
+  - ``last_token``: the last non-pad token (the decoder baseline: the closing EOS of the layout), with left or
+    right padding.
 """
 
 from __future__ import annotations
@@ -210,3 +212,19 @@ class LMKPooling(Pooler):
         # a row with no pooled position falls back to the masked mean over its tokens
         has_any = mask.any(dim=1, keepdim=True)
         return masked_mean(token_embeddings, torch.where(has_any, mask, attention_mask))
+
+
+@register_pooler
+class LastTokenPooling(Pooler):
+    """The decoder baseline (the authors' `last_token_pool`, sentence-transformers' `lasttoken` mode): under causal
+    attention the last token is the only one that has seen the whole text; the layout ends every text with the
+    landmark token (the EOS of a decoder)."""
+
+    name = "last_token"  # needs: names.POOLERS["last_token"]
+
+    def pool(self, token_embeddings: Tensor, attention_mask: Tensor, pool_mask: Tensor | None) -> Tensor:
+        # the last non-pad position: T - 1 with left padding, length - 1 with right padding
+        width = attention_mask.shape[1]
+        last = width - 1 - attention_mask.flip(dims=[1]).to(torch.int8).argmax(dim=1)
+        rows = torch.arange(token_embeddings.shape[0], device=token_embeddings.device)
+        return token_embeddings[rows, last]

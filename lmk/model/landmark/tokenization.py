@@ -23,7 +23,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from .layouts import STRATEGY_TRAITS, chunked_layout, pack, plain_layout, sentence_layout
+from .layouts import STRATEGY_TRAITS, chunked_layout, pack, plain_layout, sentence_layout, with_prompt
+from .names import PLACED_STRATEGIES, PLACEMENTS
 from .sentences import DEFAULT_LANGUAGE, DEFAULT_SPLITTER, check_splitter, split_sentences
 
 STRATEGIES: tuple[str, ...] = tuple(STRATEGY_TRAITS)  # the strategy names (their traits: layouts.py)
@@ -37,6 +38,7 @@ _CONFIG_KEYS = (
     "language",
     "sentence_splitter",
     "max_sentence_tokens",
+    "placement",
 )
 MIN_MAX_LENGTH = 3  # [CLS] + one content token + one landmark
 DEFAULT_MAX_LENGTH = 512  # where max_length is not given: a text cut there is said once (say_unset_cut)
@@ -124,6 +126,11 @@ class LandmarkTokenizer:
         included); the final SEP is not pooled. A truncated row is cut to max_length - 1 and still ends
         with the SEP (the authors' eval script).
 
+    `placement` (fixed, variable): ``after`` (default) puts each landmark after its chunk, the last chunk included;
+    ``authors`` puts it before each chunk and none after the last (``[CLS] [LMK] z1 [LMK] z2 ... [LMK] zn``), the
+    authors' decoder code, under which a causal model's landmarks never see the last chunk (docs/method.md s.10).
+    A call's `prompt` (an instruction) goes between the leading token and the text's layout, without landmarks.
+
     Every strategy tokenizes with special-token splitting on: "[SEP]" written in a text stays text and can
     never inject a landmark, CLS or padding id into its row. `prefix_dir` (not a setting: where files are) is the
     folder of the koehn splitter's non-breaking prefix files; None reads the sentence-splitter package's.
@@ -141,9 +148,16 @@ class LandmarkTokenizer:
         sentence_splitter: str = DEFAULT_SPLITTER,
         max_sentence_tokens: int | None = None,
         prefix_dir: str | None = None,
+        placement: str = "after",
     ) -> None:
         if strategy not in STRATEGIES:
             raise ValueError(f"unknown landmark strategy {strategy!r}; allowed: {', '.join(STRATEGIES)}")
+        if placement not in PLACEMENTS:
+            raise ValueError(f"unknown landmark placement {placement!r}; allowed: {', '.join(PLACEMENTS)}")
+        if placement != "after" and strategy not in PLACED_STRATEGIES:
+            raise ValueError(f"placement={placement!r} applies to strategies {', '.join(PLACED_STRATEGIES)}, not "
+                             f"{strategy!r}; use placement='after'")
+        self._placement = placement
         self._strategy = strategy
         self._chunk_size = _check_positive_int("chunk_size", chunk_size)
         self._train_chunk_sizes = _check_chunk_sizes(train_chunk_sizes)
@@ -225,6 +239,10 @@ class LandmarkTokenizer:
         return self._max_sentence_tokens
 
     @property
+    def placement(self) -> str:
+        return self._placement
+
+    @property
     def prefix_dir(self) -> str | None:
         return self._prefix_dir
 
@@ -247,7 +265,9 @@ class LandmarkTokenizer:
 
     # ------------------------------------------------------------------------------- config / rng
     def config(self) -> dict[str, Any]:
-        """JSON-able settings; `from_config(tokenizer, cfg)` rebuilds an equal tokenizer."""
+        """JSON-able settings; `from_config(tokenizer, cfg)` rebuilds an equal tokenizer. The placement is named only
+        where it is not the default, so a model that does not use it keeps the description (and fingerprint) it had."""
+        placed = {} if self._placement == "after" else {"placement": self._placement}
         return {
             "strategy": self._strategy,
             "chunk_size": self._chunk_size,
@@ -257,6 +277,7 @@ class LandmarkTokenizer:
             "language": self._language,
             "sentence_splitter": self._splitter,
             "max_sentence_tokens": self._max_sentence_tokens,
+            **placed,
         }
 
     @classmethod
@@ -290,9 +311,13 @@ class LandmarkTokenizer:
 
     # --------------------------------------------------------------------------------------- call
     def __call__(
-        self, texts: Sequence[str] | str, train: bool = False, max_length: int | None = None
+        self, texts: Sequence[str] | str, train: bool = False, max_length: int | None = None,
+        prompt: str | Sequence[str | None] | None = None,
     ) -> dict[str, torch.Tensor]:
-        """Tokenize a batch: input_ids / attention_mask LongTensor[B, T], pool_mask BoolTensor[B, T]."""
+        """Tokenize a batch: input_ids / attention_mask LongTensor[B, T], pool_mask BoolTensor[B, T].
+
+        `prompt` (an instruction, one for the batch or one per text): its tokens follow the leading token and
+        precede the text's layout, count toward `max_length`, and get no landmark and no pooled position."""
         if isinstance(texts, str):  # a lone string is one text, not a sequence of characters
             texts = [texts]
         texts = list(texts)
@@ -322,7 +347,9 @@ class LandmarkTokenizer:
                 chunk_sizes = np.full(len(texts), self._chunk_size, dtype=np.int64)
             # content past max_length - 1 can never land inside max_length, so it is not even converted
             layout = chunked_layout(*self._content(texts, max_length - 1), chunk_sizes, strategy == "multi_cls",
-                                    self._landmark_id, self._cls_id)
+                                    self._landmark_id, self._cls_id, before=self._placement == "authors")
+        if prompt:
+            layout = with_prompt(layout, *self._prompt_ids(prompt, len(texts), max_length))
         features = pack(layout, max_length, strategy=strategy, chunk_size=self._chunk_size, cls_id=self._cls_id,
                         landmark_id=self._landmark_id, pad_id=self._pad_id, left_padding=self.padding_side == "left")
         if unset:
@@ -344,10 +371,22 @@ class LandmarkTokenizer:
 
     def _content(self, texts: list[str], max_content: int) -> tuple[np.ndarray, np.ndarray]:
         """Flat content ids and per-text lengths, truncated to `max_content` (no content past it can survive)."""
-        enc = self._encode(texts, max_content)
+        return self._content_of(self._encode(texts, max_content))
+
+    def _prompt_ids(self, prompt: str | Sequence[str | None], rows: int, max_length: int
+                    ) -> tuple[np.ndarray, np.ndarray]:
+        """Flat prompt ids and per-row lengths (a text without a prompt: none)."""
+        prompts = [prompt] * rows if isinstance(prompt, str) else [p or "" for p in prompt]
+        if len(prompts) != rows:
+            raise ValueError(f"{len(prompts)} prompts for {rows} texts; give one prompt, or one per text")
+        distinct = sorted(set(prompts))
+        encoded = dict(zip(distinct, self._encode(distinct, max_length)))
+        return self._content_of([encoded[p] for p in prompts])
+
+    @staticmethod
+    def _content_of(enc: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
         lengths = np.fromiter(map(len, enc), dtype=np.int64, count=len(enc))
-        flat = np.fromiter(chain.from_iterable(enc), dtype=np.int64, count=int(lengths.sum()))
-        return flat, lengths
+        return np.fromiter(chain.from_iterable(enc), dtype=np.int64, count=int(lengths.sum())), lengths
 
     def sentence_pieces(self, text: str, train: bool = False) -> tuple[list[str], bool]:
         """The pieces the `sentence` strategy lays out for `text`, and whether its split was replaced by the whole
