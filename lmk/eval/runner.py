@@ -149,9 +149,13 @@ def _task_landmarks(name: str, splits: Sequence[str], encoder: LmkEncoder, store
 
 def _log_summary(logger: Any, values: Mapping[str, Any]) -> None:
     """Final figures (landmark statistics) into the summary of the loggers that keep one (W&B)."""
-    for lg in (logger if isinstance(logger, Sequence) else [logger] if logger is not None else []):
-        if values and hasattr(lg, "log_summary"):
+    for lg in _loggers(logger) if values else []:
+        if not hasattr(lg, "log_summary"):
+            continue
+        try:
             lg.log_summary(values)
+        except Exception as err:  # as for metrics: a logger failure must never lose the eval results
+            log.warning("eval: logger %s failed to log its summary: %s", type(lg).__name__, err)
 
 
 def _drop_stale_cache(cache: mteb.ResultCache, task: AbsTask, encoder: LmkEncoder, store: Path) -> None:
@@ -195,11 +199,13 @@ def _drop_stale_cache(cache: mteb.ResultCache, task: AbsTask, encoder: LmkEncode
     _write_json(sidecar, known)
 
 
+def _loggers(logger: Any) -> list[Any]:
+    """One logger, a sequence of them or None, as a list."""
+    return [] if logger is None else list(logger) if isinstance(logger, Sequence) else [logger]
+
+
 def _log_metrics(logger: Any, metrics: Mapping[str, float], step: int | None) -> None:
-    if logger is None or not metrics:
-        return
-    loggers = logger if isinstance(logger, Sequence) else [logger]
-    for lg in loggers:
+    for lg in _loggers(logger) if metrics else []:
         try:
             lg.log_metrics(dict(metrics), step=step)
         except Exception as err:  # a logger failure must never lose the eval results
