@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import forked_cli
 import pytest
 
 from lmk.run.cli import error_line, error_lines
@@ -20,7 +21,7 @@ ENV.pop("HYDRA_FULL_ERROR", None)
 
 
 def run(module: str, *overrides: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", module, *overrides], cwd=ROOT, env=env or ENV,
+    return forked_cli.run([sys.executable, "-m", module, *overrides], cwd=ROOT, env=env or ENV,
                           capture_output=True, text=True, timeout=600)
 
 
@@ -113,7 +114,7 @@ def test_user_error_is_what_and_fix_through_every_entry_point(tmp_path: Path, en
         overrides = [*overrides, f"data.sources=[{{path:'{pairs}'}}]"]
     module = entry.split()[-1] if entry.startswith("python") else next(m for m, s in SCRIPTS.items() if s == entry)
     cmd = [sys.executable, "-m", module] if entry.startswith("python") else [str(Path(sys.executable).parent / entry)]
-    proc = subprocess.run([*cmd, *overrides, f"hydra.run.dir={tmp_path / 'run'}"], cwd=ROOT, env=ENV,
+    proc = forked_cli.run([*cmd, *overrides, f"hydra.run.dir={tmp_path / 'run'}"], cwd=ROOT, env=ENV,
                           capture_output=True, text=True, timeout=600)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode != 0 and len(lines) <= 3, proc.stderr
@@ -142,7 +143,7 @@ def test_user_error_keeps_what_and_fix_through_pickling() -> None:
 def test_user_error_traceback_on_request(tmp_path: Path) -> None:
     overrides, names = ERRORS["eval-model-path"]
     args = [sys.executable, "-m", "lmk.evaluate", *overrides, f"hydra.run.dir={tmp_path / 'run'}"]
-    debug = subprocess.run(args, cwd=ROOT, env={**ENV, "LMK_DEBUG": "1"}, capture_output=True, text=True, timeout=600)
+    debug = forked_cli.run(args, cwd=ROOT, env={**ENV, "LMK_DEBUG": "1"}, capture_output=True, text=True, timeout=600)
     assert debug.returncode != 0 and "Traceback" in debug.stderr and names in debug.stderr
 
 

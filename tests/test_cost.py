@@ -5,11 +5,11 @@ the gradient-checkpointing decision it sets (lmk.train.memory), the per-job repo
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
 
+import forked_cli
 import pytest
 import torch
 
@@ -114,7 +114,7 @@ def test_each_fitting_key_lowers_the_estimate():
 
 def test_paper_dry_run_prints_the_memory_estimate_and_the_checkpointing_decision(tmp_path):
     out = tmp_path / "paper"
-    proc = subprocess.run([sys.executable, "-m", "lmk.sweep", "experiments/table2/spec.yaml", "--scale", "paper",
+    proc = forked_cli.run([sys.executable, "-m", "lmk.sweep", "experiments/table2/spec.yaml", "--scale", "paper",
                            "--dry-run", "--out", str(out), "--rows", "cls"], cwd=ROOT, capture_output=True,
                           text=True, timeout=300)
     text = proc.stdout + proc.stderr

@@ -4,10 +4,10 @@ scale runs end to end through the same sweep, table and W&B code as Table 2."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
+import forked_cli
 import pytest
 from omegaconf import open_dict
 
@@ -39,7 +39,7 @@ def test_every_decoder_row_composes_and_validates(scale: str) -> None:
 @pytest.mark.slow
 def test_the_decoder_table_at_tiny_scale_end_to_end(tmp_path: Path) -> None:
     out = tmp_path / "decoder"
-    proc = subprocess.run([sys.executable, "-m", "lmk.sweep", str(SPEC), "--scale", "tiny", "--out", str(out)],
+    proc = forked_cli.run([sys.executable, "-m", "lmk.sweep", str(SPEC), "--scale", "tiny", "--out", str(out)],
                           cwd=ROOT, capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     table = json.loads((out / "decoder.json").read_text())

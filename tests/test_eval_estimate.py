@@ -4,10 +4,10 @@ stage from the configs and mteb's task statistics; a job longer than its time li
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
+import forked_cli
 import pytest
 import yaml
 from omegaconf import OmegaConf
@@ -198,7 +198,7 @@ def test_the_sweep_refuses_a_job_over_its_time_limit_before_anything_launches(tm
     (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec))
     for extra in (["--dry-run"], []):
         out = tmp_path / ("dry" if extra else "real")
-        proc = subprocess.run([sys.executable, "-m", "lmk.sweep", str(tmp_path / "spec.yaml"), "--scale", "paper",
+        proc = forked_cli.run([sys.executable, "-m", "lmk.sweep", str(tmp_path / "spec.yaml"), "--scale", "paper",
                                "--rows", "cls", "--out", str(out), *extra], cwd=ROOT, capture_output=True, text=True,
                               timeout=300)
         assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import forked_cli
 import pytest
 from omegaconf import OmegaConf
 
@@ -161,7 +162,7 @@ def _evaluate(run: Path, hf_home: Path, mirror: Path, *extra: str, drop_caps: bo
     env.update(HF_HOME=str(hf_home), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", PYTHONPATH=str(ROOT))
     cmd = [sys.executable, "-m", "lmk.evaluate", *MODEL, *SUITE, f"hub.mirror={mirror}", f"hydra.run.dir={run}",
            *extra]
-    return subprocess.run([*NO_OVERRIDE, *cmd] if drop_caps else cmd, cwd=ROOT, env=env, capture_output=True,
+    return forked_cli.run([*NO_OVERRIDE, *cmd] if drop_caps else cmd, cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=600)
 
 
@@ -186,14 +187,14 @@ def test_eval_job_reads_prepared_data_read_only_with_the_same_scores(tmp_path: P
     assert list((tmp_path / "hf-old").rglob("*.lock"))  # what every such job does in a shared cache
 
     env = {**os.environ, "HF_HOME": str(tmp_path / "hf-prepare"), "HF_HUB_OFFLINE": "1"}
-    prep = subprocess.run([sys.executable, "-m", "lmk.eval.prepared", "--out", str(data), *SUITE,
+    prep = forked_cli.run([sys.executable, "-m", "lmk.eval.prepared", "--out", str(data), *SUITE,
                            f"hub.mirror={mirror}"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert prep.returncode == 0, prep.stderr[-3000:]
     assert all(f"{t}" in prep.stdout for t in TASKS) and "3 hub tasks" in prep.stdout
 
     shared = tmp_path / "hf-shared"  # the jobs' own datasets cache: read-only too
     shared.mkdir()
-    subprocess.run(["chmod", "-R", "a-w", str(data), str(mirror), str(shared)], check=True)
+    forked_cli.run(["chmod", "-R", "a-w", str(data), str(mirror), str(shared)], check=True)
     before = _snapshot(data, mirror, shared)
     # the same job without the prepared data cannot run on a read-only cache: the defect the preparation removes
     old = _evaluate(tmp_path / "run-ro-old", shared, mirror, drop_caps=root)
@@ -209,4 +210,4 @@ def test_eval_job_reads_prepared_data_read_only_with_the_same_scores(tmp_path: P
     assert {t: (e["main_score"], e["splits"]) for t, e in tasks_new.items()} == \
         {t: (e["main_score"], e["splits"]) for t, e in tasks_old.items()}
     assert per_query_new == per_query_old
-    subprocess.run(["chmod", "-R", "u+w", str(tmp_path)], check=True)  # so that pytest can clean up
+    forked_cli.run(["chmod", "-R", "u+w", str(tmp_path)], check=True)  # so that pytest can clean up

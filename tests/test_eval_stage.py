@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import forked_cli
 import pytest
 import yaml
 
@@ -46,7 +47,7 @@ def test_training_view_follows_in_training() -> None:
 
 def test_paper_dry_run_lists_the_eval_jobs(tmp_path: Path) -> None:
     out = tmp_path / "paper"
-    proc = subprocess.run([sys.executable, "-m", "lmk.sweep", "experiments/table2/spec.yaml", "--scale", "paper",
+    proc = forked_cli.run([sys.executable, "-m", "lmk.sweep", "experiments/table2/spec.yaml", "--scale", "paper",
                            "--dry-run", "--out", str(out), "--stage", "eval"], cwd=ROOT, capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -80,7 +81,7 @@ def test_tiny_eval_stage_runs_as_jobs_and_reruns_only_a_failed_shard(tmp_path: P
     spec, out = _staged_spec(tmp_path), tmp_path / "out"
 
     def sweep(*extra: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "lmk.sweep", str(spec), "--scale", "tiny", "--rows", "cls",
+        return forked_cli.run([sys.executable, "-m", "lmk.sweep", str(spec), "--scale", "tiny", "--rows", "cls",
                                "--out", str(out), *extra], cwd=ROOT, capture_output=True, text=True, timeout=900)
 
     proc = sweep()
@@ -128,7 +129,7 @@ def test_eval_stage_offline_from_replicas_in_the_mirror(tmp_path: Path) -> None:
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     out = tmp_path / "out"
     env = {**__import__("os").environ, "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.run([sys.executable, "-m", "lmk.sweep", str(path), "--scale", "tiny", "--rows", "cls",
+    proc = forked_cli.run([sys.executable, "-m", "lmk.sweep", str(path), "--scale", "tiny", "--rows", "cls",
                            "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     ev = read_results(out / "train" / "cls")["eval"]
@@ -149,7 +150,7 @@ def test_eval_stage_offline_from_replicas_in_the_mirror(tmp_path: Path) -> None:
     # a rerun of the stage (one shard failed) converts nothing again: every task reused, the folder unchanged
     stamp = {p: p.stat().st_mtime_ns for p in data.rglob("*")}
     update_results(out / "eval" / "cls--coir", status="failed", error="killed")
-    proc = subprocess.run([sys.executable, "-m", "lmk.sweep", str(path), "--scale", "tiny", "--rows", "cls",
+    proc = forked_cli.run([sys.executable, "-m", "lmk.sweep", str(path), "--scale", "tiny", "--rows", "cls",
                            "--out", str(out), "--stage", "eval"], cwd=ROOT, capture_output=True, text=True,
                           timeout=900, env=env)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]

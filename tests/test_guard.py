@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import copy
 import json
-import subprocess
 import sys
 from pathlib import Path
 
+import forked_cli
 import lightning.pytorch as pl
 import pytest
 import torch
@@ -206,7 +206,7 @@ def test_nan_on_one_rank_stops_every_rank_at_the_same_step(tmp_path):
     cmd = [sys.executable, "-m", "lmk.train", *overrides(
         run_dir, pairs, "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "trainer.precision=32-true",
         "trainer.deterministic=true", "trainer.max_steps=6", "data.batch_size=2", "data.group_size=2")]
-    proc = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=900)
+    proc = forked_cli.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=900)
     assert proc.returncode != 0
     res = results(run_dir)
     cause = res["non_finite"]

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+import forked_cli
 import numpy as np
 import pytest
 import torch
@@ -113,7 +113,7 @@ def lora_run(tmp_path_factory) -> Path:
     pairs = write_pairs(root / "pairs.jsonl")
     cmd = [sys.executable, "-m", "lmk.train", *DECODER, f"hydra.run.dir={root / 'run'}", "data.max_rows=null",
            f"data.sources=[{{path:'{pairs}',name:pairs,query_prompt:'{PROMPT}'}}]"]
-    proc = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+    proc = forked_cli.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return root / "run"
 
@@ -148,7 +148,7 @@ def test_a_killed_lora_run_resumes_bit_for_bit(tmp_path) -> None:
              "encoder.lora.dropout=0.1")
     ref, run = tmp_path / "ref", tmp_path / "run"
     in_process(ref, pairs, *setup)
-    killed = subprocess.run([sys.executable, "-c", KILLER, "9", *overrides(run, pairs, *setup)], cwd=ROOT, env=ENV,
+    killed = forked_cli.run([sys.executable, "-c", KILLER, "9", *overrides(run, pairs, *setup)], cwd=ROOT, env=ENV,
                             capture_output=True, text=True, timeout=600)
     assert killed.returncode == -9, killed.stderr[-3000:]
     in_process(run, pairs, *setup)

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import copy
 import json
-import subprocess
 import sys
 from pathlib import Path
 
+import forked_cli
 import pytest
 
 from lmk.sweep import pinned
@@ -94,7 +94,7 @@ def test_the_check_command_fails_on_a_moved_number_and_names_it(tmp_path, pins):
     moved = copy.deepcopy(pins["tiny"])
     moved["cls"]["cells"]["Passkey"] = "75.0"
     (tmp_path / "table2.json").write_text(json.dumps(_table_json(moved)))
-    proc = subprocess.run([sys.executable, "-m", "lmk.sweep.pinned", "check", str(SPEC), "--scale", "tiny",
+    proc = forked_cli.run([sys.executable, "-m", "lmk.sweep.pinned", "check", str(SPEC), "--scale", "tiny",
                            "--out", str(tmp_path)], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 1
     assert f"cls / Passkey: pinned {pins['tiny']['cls']['cells']['Passkey']}, now 75.0" in proc.stderr

@@ -3,10 +3,10 @@ built and before any job of a sweep is launched; the error names the row and the
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
+import forked_cli
 import pytest
 import yaml
 from hydra import compose, initialize_config_dir
@@ -66,7 +66,7 @@ def test_sweep_dry_run_fails_naming_the_row_and_the_thing(tmp_path: Path, row: s
     path = tmp_path / "spec.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, "-m", "lmk.sweep", str(path), "--scale", "tiny", "--dry-run", "--out",
+    proc = forked_cli.run([sys.executable, "-m", "lmk.sweep", str(path), "--scale", "tiny", "--dry-run", "--out",
                            str(out), "--rows", f"cls,{row}"], cwd=ROOT, capture_output=True, text=True, timeout=600)
     text = proc.stdout + proc.stderr
     assert proc.returncode != 0, text

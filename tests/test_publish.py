@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import forked_cli
 import numpy as np
 import pytest
 import yaml
@@ -36,7 +37,7 @@ def _env(hub: HubServer, home: Path, token: str | None = TOKEN) -> dict[str, str
 
 
 def _run(args: list[str], env: dict[str, str], cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    return subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
+    return forked_cli.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
 
 
 @pytest.fixture(scope="module")

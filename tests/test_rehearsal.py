@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import sys
 from pathlib import Path
 
+import forked_cli
 import pytest
 
 from lmk.run.results import read_results
@@ -100,7 +100,7 @@ def test_prefetch_of_the_rehearsal_writes_its_replicas_and_downloads_nothing(tmp
 
 def test_sweep_passes_the_mirror_to_every_job(tmp_path):
     out = tmp_path / "dry"
-    proc = subprocess.run([sys.executable, "-m", "lmk.sweep", "experiments/table2/spec.yaml", "--scale", "rehearsal",
+    proc = forked_cli.run([sys.executable, "-m", "lmk.sweep", "experiments/table2/spec.yaml", "--scale", "rehearsal",
                            "--out", str(out), "--rows", "cls", "--dry-run"], cwd=ROOT, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -156,7 +156,7 @@ def test_rehearsal_differs_from_the_paper_config_only_in_sizes_and_stand_ins():
 @pytest.mark.slow
 def test_rehearsal_row_runs_end_to_end(tmp_path):
     out = tmp_path / "rehearsal"
-    proc = subprocess.run([sys.executable, "-m", "lmk.sweep", "experiments/table2/spec.yaml", "--scale", "rehearsal",
+    proc = forked_cli.run([sys.executable, "-m", "lmk.sweep", "experiments/table2/spec.yaml", "--scale", "rehearsal",
                            "--out", str(out), "--rows", "cls"], cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     header = next(line for line in proc.stdout.splitlines() if line.startswith("| Pooling"))

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import forked_cli
 import pytest
 
 SPEC = "experiments/rope_ablation/spec.yaml"
@@ -15,7 +16,7 @@ ROWS = ["cls", "cls-norope", "mean", "mean-norope", "lmk", "lmk-norope"]
 
 
 def sweep(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "lmk.sweep", SPEC, *args], cwd=ROOT, capture_output=True,
+    return forked_cli.run([sys.executable, "-m", "lmk.sweep", SPEC, *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=900)
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+import forked_cli
 import numpy as np
 import pytest
 import yaml
@@ -43,7 +44,7 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def _lmk(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", *args], cwd=cwd, env=_env(**env), capture_output=True, text=True,
+    return forked_cli.run([sys.executable, "-m", *args], cwd=cwd, env=_env(**env), capture_output=True, text=True,
                           timeout=900)
 
 

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import forked_cli
 import pytest
 import yaml
 from omegaconf import open_dict
@@ -21,7 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def sweep(*args: str, cwd: Path = ROOT, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "lmk.sweep", SPEC, *args], cwd=cwd, capture_output=True,
+    return forked_cli.run([sys.executable, "-m", "lmk.sweep", SPEC, *args], cwd=cwd, capture_output=True,
                           text=True, timeout=timeout)
 
 
@@ -73,7 +74,7 @@ def test_bad_row_fails_before_training(tmp_path: Path) -> None:
     spec = (ROOT / SPEC).read_text().replace("overrides: [pooling=mean]", "overrides: [pooling=meen]")
     bad = tmp_path / "spec.yaml"
     bad.write_text(spec)
-    proc = subprocess.run([sys.executable, "-m", "lmk.sweep", str(bad), "--scale", "tiny", "--out",
+    proc = forked_cli.run([sys.executable, "-m", "lmk.sweep", str(bad), "--scale", "tiny", "--out",
                            str(tmp_path / "o")], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0
     assert "unknown pooling 'meen'" in proc.stderr and "mean" in proc.stderr
@@ -84,7 +85,7 @@ def test_misspelt_key_in_a_row_names_the_row(tmp_path: Path) -> None:
     spec = (ROOT / SPEC).read_text().replace("pooling.chunk_size=64", "pooling.chunk_sise=64")
     bad = tmp_path / "spec.yaml"
     bad.write_text(spec)
-    proc = subprocess.run([sys.executable, "-m", "lmk.sweep", str(bad), "--scale", "tiny", "--out",
+    proc = forked_cli.run([sys.executable, "-m", "lmk.sweep", str(bad), "--scale", "tiny", "--out",
                            str(tmp_path / "o")], cwd=ROOT, capture_output=True, text=True, timeout=120)
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0
@@ -99,11 +100,11 @@ def test_spec_error_is_one_line(tmp_path: Path) -> None:
     bad = tmp_path / "spec.yaml"
     bad.write_text(spec)
     cmd = [sys.executable, "-m", "lmk.sweep", str(bad), "--scale", "tiny", "--out", str(tmp_path / "o")]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    proc = forked_cli.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0
     lines = proc.stderr.strip().splitlines()  # what is wrong, and the fix
     assert len(lines) <= 2 and lines[0].startswith("Error: ") and "unknown pooling 'meen'" in proc.stderr, proc.stderr
-    full = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120,
+    full = forked_cli.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120,
                           env={**os.environ, "HYDRA_FULL_ERROR": "1"})
     assert full.returncode != 0 and "Traceback" in full.stderr and "unknown pooling 'meen'" in full.stderr
 
@@ -123,7 +124,7 @@ def test_tiny_sweep_end_to_end_with_resume_and_failure(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "LMK_VERBOSE"}
     args = [sys.executable, "-m", "lmk.sweep", str(spec), "--scale", "tiny", "--rows", "cls,lmk-fixed-32", "--out",
             str(out)]
-    proc = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
+    proc = forked_cli.run(args, cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     # What a user sees (stdout is a pipe, not a terminal): per row a start, a progress and a result line, no
     # bars, no banners; the table; each row's log file keeps the detail.
@@ -152,7 +153,7 @@ def test_tiny_sweep_end_to_end_with_resume_and_failure(tmp_path: Path) -> None:
 
     # Resume: both rows are skipped (same config hash) -- nothing recomputed.
     before = {row: (out / "train" / row / "results.json").stat().st_mtime_ns for row in ("cls", "lmk-fixed-32")}
-    again = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
+    again = forked_cli.run(args, cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
     assert again.returncode == 0
     assert again.stderr.count("skip (done, same config)") + again.stdout.count("skip (done, same config)") == 2
     assert {row: (out / "train" / row / "results.json").stat().st_mtime_ns for row in before} == before
@@ -162,7 +163,7 @@ def test_tiny_sweep_end_to_end_with_resume_and_failure(tmp_path: Path) -> None:
     rows = out / "train" / "rows2.yaml"
     rows.write_text("cls: [pooling=cls]\nlmk-fixed-32: [pooling=lmk-fixed, pooling.chunk_size=32]\n"
                     "broken: [pooling=mean, 'data.sources=[{path: /nonexistent/pairs.jsonl}]']\n")
-    proc = subprocess.run(
+    proc = forked_cli.run(
         [sys.executable, "-m", "lmk.train", "-m", "experiment=table2-tiny", "logger=wandb",
          "trainer.enable_progress_bar=true", "eval.show_progress=true", "hydra/sweeper=rows",
          f"hydra.sweeper.rows_file={rows}", f"hydra.sweep.dir={out / 'train'}", "hydra.sweeper.max_batch_size=1"],

@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+import forked_cli
 import pytest
 
 from lmk.hub.mirror import STARTED, incomplete, mark_complete
@@ -36,7 +37,7 @@ def _row_sweep(out: Path, rows: dict[str, list[str]], *extra: str, wait: bool = 
     if not wait:
         return subprocess.Popen(cmd, cwd=ROOT, env=env or ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True)
-    return subprocess.run(cmd, cwd=ROOT, env=env or ENV, capture_output=True, text=True, timeout=900)
+    return forked_cli.run(cmd, cwd=ROOT, env=env or ENV, capture_output=True, text=True, timeout=900)
 
 
 def _steps(run_dir: Path) -> list[int]:
