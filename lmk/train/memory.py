@@ -194,8 +194,8 @@ def _lora_estimate(shape: EncoderShape, prec: Precision, lora: dict[str, Any], w
                    masks: float, loss: float, tokens: int, notes: list[str]) -> MemoryEstimate:
     """The frozen base in its dtype; float32 adapters with gradients, AdamW state, autocast copies, DDP buckets."""
     n, trainable = shape.params(), shape.lora_params(lora)
-    notes.append(f"LoRA r {lora['r']} on {len(lora['target_modules'])} modules: {trainable / 1e6:.0f}M float32 "
-                 f"adapter weights train (gradients + AdamW), {n / 1e9:.2f}B frozen base weights at "
+    notes.append(f"LoRA r {lora['r']} on {len(lora['target_modules'])} modules: {trainable / 1e6:.3g}M float32 "
+                 f"adapter weights train (gradients + AdamW), {n / 1e9:.3g}B frozen base weights at "
                  f"{prec.weight_bytes} bytes")
     mixed = prec.compute_bytes < 4
     return MemoryEstimate(

@@ -86,7 +86,7 @@ def training_cost(cfg: Any, n_jobs: int, gpus_per_job: int) -> StageCost:
     steps, per_device, group, q_len, p_len = _sizes(c)
     tokens, flops, passes, what = training_flops(c, gpus_per_job)
     shape, lora = encoder_shape(c["encoder"]), job_lora(c)
-    params = f"{shape.params() / 1e6:.0f}M params" + (f" frozen + {shape.lora_params(lora) / 1e6:.0f}M LoRA (r "
+    params = f"{shape.params() / 1e6:.0f}M params" + (f" frozen + {shape.lora_params(lora) / 1e6:.3g}M LoRA (r "
                                                         f"{lora['r']})" if lora else "")
     return StageCost("train", n_jobs, tokens * n_jobs, flops * n_jobs,
                      [f"{steps} steps x {per_device} queries x {gpus_per_job} devices, {group} passages each, "
