@@ -127,3 +127,15 @@ def test_the_decoder_table_at_tiny_scale_end_to_end(tmp_path: Path) -> None:
     assert maxsim["eval"]["scoring"] == "maxsim"
     single = json.loads((out / "train" / "lmk-fixed-64" / "results.json").read_text())
     assert single["eval"]["scoring"] == "single"
+
+
+def test_the_paper_scale_sizes_mistral_7b_as_its_alternative() -> None:
+    """`encoder=mistral-7b-v0.3` (the script's other model) is sized by the same model without its weights."""
+    from lmk.sweep.cost import job_report
+    from lmk.sweep.jobs import compose_config
+
+    cfg = compose_config("lmk.train", ["experiment=decoder-paper", "encoder=mistral-7b-v0.3", "launcher=submitit_slurm",
+                                       "pooling=lmk-fixed", "++row=x"])
+    report = job_report(cfg)
+    assert report["fits"] is True and "LoRA r 64 on 7 modules: 168M float32 adapter weights" in report["summary"]
+    assert "7.11B frozen base weights at 2 bytes" in report["summary"] and report["refusal"] is None
