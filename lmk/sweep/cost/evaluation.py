@@ -129,8 +129,9 @@ def _maxsim(cost: StageCost, suite: Any, parts: Mapping[str, Sequence[tuple[floa
     for row, layout in rows.items():
         if layout is None:
             continue
-        indexes = by_layout.setdefault(layout, maxsim_indexes(suite, parts, task_s, layout, rates))
-        cost.maxsim[row] = indexes
+        if layout not in by_layout:  # rows of one layout share their index and search
+            by_layout[layout] = maxsim_indexes(suite, parts, task_s, layout, rates)
+        cost.maxsim[row] = indexes = by_layout[layout]
         by_task = {i.task: i.search_s for i in indexes}
         search[row] = {s: sum(by_task.get(t, 0.0) for t, _ in tasks) for s, tasks in cost.shards.items()}
     for layout, indexes in by_layout.items():
