@@ -14,11 +14,15 @@ Sections (benchmarks.gpu_sections.SECTIONS, run in that order; each timed, each 
   encode_pipeline  lmk.evaluate's encode end to end (tokenization workers, bf16 autocast, 32768-token batches) vs
                the forward alone on the same pre-tokenized batches, tokens/s at 512 (512 texts) and 8192 (160
                texts: two tokenization windows, workers); with several GPUs, an encode on the last one.
+  decoder_step the decoder table's paper step (16 queries x 8 passages at 128/512, grad-cache mini-batch 8, bf16)
+               on a random-weight 1B-class decoder (decoder-1b-shape) frozen in bf16 with the authors' LoRA through
+               peft (benchmarks/gpu_decoder.py): tokens/s, FLOP/s, trainable and frozen parameters, peak memory
+               against lmk.train.memory's estimate of the same job (the model of the dry run's 8B rows).
   rehearsal    the rehearsal scale's first row (experiment=table2-rehearsal) through `lmk.train` and `lmk.evaluate`,
                DDP over every visible GPU ("single GPU: DDP not exercised" otherwise), each job under a timeout.
 Needs no network and nothing outside the repository: every model is built from its config. The model sections
-need only hydra-core, omegaconf, antlr4, the sentence splitters and platformdirs beyond a GPU node's own torch
-stack (`make wheelhouse GROUP=light`); the rehearsal needs the evaluation stack too. A section whose packages
+need only hydra-core, omegaconf, antlr4, the sentence splitters, platformdirs and peft beyond a GPU node's own
+torch stack (`make wheelhouse GROUP=light`); the rehearsal needs the evaluation stack too. A section whose packages
 are absent is reported "skipped: needs X". `--wheelhouse ARCHIVE` (`make gpu-check WHEELHOUSE=...`) unpacks a
 `make wheelhouse` archive into a temporary folder on the path: nothing is installed.
 
@@ -27,9 +31,10 @@ own sizes: train_step ~1.08M tokens a step (256 x 128 + 2048 x 512) x ~1.4 GFLOP
 model, attention included) = 1.5 PFLOP, ~6 s a step, 3 steps plus the model and first-step warm-up: ~40 s;
 padded and encode: ~64K tokens a call, well under a second each, ~15 s with the model builds; encode_pipeline:
 512 x 512 + 160 x 8192 = 1.6M tokens at ~0.5 GFLOP a token forward = 0.8 PFLOP a pass, 8 passes (warm-up + 3
-repeats of both sides) plus tokenizing 1.6M tokens twice on the workers: ~40 s; rehearsal: its eval replicas
+repeats of both sides) plus tokenizing 1.6M tokens twice on the workers: ~40 s; decoder_step: ~40 s (its arithmetic
+in benchmarks/gpu_decoder.py); rehearsal: its eval replicas
 written on the CPU (68 s on this project's loaded 2-core machine: ~40 s), then two jobs of mostly start-up,
-~60 s each, each killed at 180 s. About 4 minutes in all (not yet measured on a GPU), inside 5.
+~60 s each, each killed at 180 s. About 5 minutes in all (not yet measured on a GPU), inside 6.
 
     python -m benchmarks.gpu_check [--out outputs/gpu_check] [--sections train_step,padded,...] [--wheelhouse X]
     python -m benchmarks.gpu_check --cpu-smoke      # the same code on the CPU at the rehearsal's sizes
@@ -62,11 +67,14 @@ from typing import Any
 
 import torch
 
+# importing gpu_decoder registers the decoder section: after the model sections, before the rehearsal
+from benchmarks.gpu_decoder import check_decoder_step as check_decoder_step  # isort: skip
+
 from benchmarks import gpu_rehearsal, wheelhouse
 from benchmarks.gpu_sections import NEEDS, SECTIONS, Section, cpu_cores, missing_packages, section
 from benchmarks.gpu_sections import check_train_step as check_train_step
 
-__all__ = ["SECTIONS", "check_train_step", "cpu_cores", "main", "run", "section", "throughput"]
+__all__ = ["SECTIONS", "check_decoder_step", "check_train_step", "cpu_cores", "main", "run", "section", "throughput"]
 
 DEFAULT_OUT = "outputs/gpu_check"
 REPORT_FILE = {"gpu": "gpu_check.json", "cpu-smoke": "cpu_check.json"}  # only the first counts as measured

@@ -74,18 +74,21 @@ def _compose(overrides: list[str]) -> Any:
         return compose("train", overrides=overrides)
 
 
-def paper_config(smoke: bool, run_dir: Path) -> Any:
-    """table2-paper with the encoder swapped for its offline shape (the rehearsal's config in smoke mode)."""
+def paper_config(smoke: bool, run_dir: Path, sizes: dict[str, Any] | None = None) -> Any:
+    """table2-paper with the encoder swapped for its offline shape (the rehearsal's config in smoke mode); `sizes`
+    another experiment's (the decoder section's), whose gradient checkpointing stays as it sets it."""
     from omegaconf import OmegaConf, open_dict  # a package the node may lack (checked first)
 
-    sizes = SMOKE if smoke else PAPER
+    own = sizes is None
+    sizes = sizes or (SMOKE if smoke else PAPER)
     cfg = _compose([f"experiment={sizes['experiment']}", "pooling=lmk-variable", "+row=gpu-check",
                     *([f"encoder={sizes['encoder']}"] if sizes["encoder"] else []),
                     "launcher=local", "logger=none", "eval=none", f"run_dir={run_dir}"])
     with open_dict(cfg):
         if sizes["encoder_overrides"]:
             cfg.encoder.config_overrides = OmegaConf.create(sizes["encoder_overrides"])
-        cfg.encoder.gradient_checkpointing = True
+        if own:
+            cfg.encoder.gradient_checkpointing = True
         cfg.trainer.devices = 1
         cfg.trainer.num_nodes = 1
         cfg.trainer.strategy = "auto"
@@ -168,24 +171,30 @@ def _timed_fit(module: Any, batch: dict[str, Any], cfg: Any, device: str, work: 
 @section("train_step")
 def check_train_step(smoke: bool, work: Path) -> dict[str, Any]:
     """A paper-shaped step through the ContrastiveModule and Lightning's Trainer, as `lmk.train` runs it."""
+    return timed_steps(paper_config(smoke, work / "train_step"), "cpu" if smoke else "cuda", work, smoke)
+
+
+def timed_steps(cfg: Any, device: str, work: Path, smoke: bool) -> dict[str, Any]:
+    """`cfg.trainer.max_steps` steps of a composed training config through the ContrastiveModule and Lightning's
+    Trainer, as `lmk.train` runs them (gradient checkpointing as the job decides it): step time, training tokens/s
+    and FLOP/s (passes counted as the code runs them, LoRA's too), peak memory next to lmk.train.memory's estimate."""
     import lightning.pytorch as pl  # the node's (imported with the section, like every heavy package here)
 
     # lmk loads hydra and omegaconf: imported once the section's needs were checked
     from lmk.model.embedding import EmbeddingModel
     from lmk.model.shape import encoder_shape
-    from lmk.train.memory import job_memory
+    from lmk.train.memory import decide_checkpointing, job_lora, job_memory
     from lmk.train.module import build_module
     from lmk.train.trainer_args import validate_training
 
-    device = "cpu" if smoke else "cuda"
-    cfg = paper_config(smoke, work / "train_step")
     typed = validate_training(cfg)
+    ckpt, lora = decide_checkpointing(cfg).on, job_lora(cfg)
     pl.seed_everything(0)
     t0 = time.perf_counter()
     model = EmbeddingModel.build(cfg.encoder, cfg.pooling, query_max_length=cfg.data.query_max_length,
                                  passage_max_length=cfg.data.passage_max_length, seed=0)
     build_s = time.perf_counter() - t0
-    module = build_module(typed, model)
+    module = build_module(typed, model, ckpt)
     batch = paper_batch(model, cfg)
     if smoke and "OMP_NUM_THREADS" not in os.environ:
         # one rank's share of the cores, as Lightning gives each of the rehearsal's DDP ranks (restored after)
@@ -199,19 +208,20 @@ def check_train_step(smoke: bool, work: Path) -> dict[str, Any]:
     shape = encoder_shape(cfg.encoder)
     q_len, p_len = cfg.data.query_max_length, cfg.data.passage_max_length
     cache = bool(cfg.train.grad_cache)
-    flops = sum(n * shape.train_flops_per_token(t, checkpointing=True, grad_cache=cache)
+    flops = sum(n * shape.train_flops_per_token(t, checkpointing=ckpt, grad_cache=cache, lora=lora)
                 for n, t in ((int(batch["query"]["attention_mask"].sum()), q_len),
                              (int(batch["passage"]["attention_mask"].sum()), p_len)))
     loss = float(trainer.callback_metrics.get("train/loss", float("nan")))
     return {
         "model_params": sum(p.numel() for p in model.parameters()), "model_build_s": round(build_s, 2),
+        "trainable_params": sum(p.numel() for p in model.parameters() if p.requires_grad),
         "queries": int(cfg.data.batch_size), "group_size": int(cfg.data.group_size), "query_len": q_len,
-        "passage_len": p_len, "precision": str(cfg.trainer.precision), "gradient_checkpointing": True,
+        "passage_len": p_len, "precision": str(cfg.trainer.precision), "gradient_checkpointing": ckpt,
         "deterministic": cfg.trainer.deterministic, "torch_threads": used_threads,
         "grad_cache": cache, "grad_cache_chunk": int(cfg.train.grad_cache_chunk),
-        "passes": shape.train_passes(checkpointing=True, grad_cache=cache), "teacher_scores": True,
-        "steps": len(times), "step_s": [round(t, 3) for t in times], "step_s_median": round(step_s, 3),
-        "tokens_per_step": tokens, "train_tokens_per_s": round(tokens / step_s, 1),
+        "passes": shape.train_passes(checkpointing=ckpt, grad_cache=cache, frozen=lora is not None),
+        "teacher_scores": True, "steps": len(times), "step_s": [round(t, 3) for t in times],
+        "step_s_median": round(step_s, 3), "tokens_per_step": tokens, "train_tokens_per_s": round(tokens / step_s, 1),
         "train_flops_per_s": flops / step_s, "loss_finite": bool(torch.isfinite(torch.tensor(loss))),
         **memory(device), "estimated_memory_gib": job_memory(cfg).gib(),
     }

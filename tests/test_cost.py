@@ -222,3 +222,54 @@ def test_read_gpu_check_reads_the_encode_pipeline_section(tmp_path):
 def test_training_passes_count_the_grad_cache_forward():
     assert BASE.train_passes() == 3 and BASE.train_passes(checkpointing=True) == 4
     assert BASE.train_passes(checkpointing=True, grad_cache=True) == 5  # the paper's: no-grad embedding pass too
+
+
+@pytest.mark.parametrize("arch", ["llama", "mistral", "granite"])
+def test_decoder_and_lora_params_equal_instantiated_models(arch):
+    """A Llama-like decoder (grouped-query attention, SwiGLU, RMSNorm) and peft's adapters on it, counted as built."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoConfig, AutoModel
+
+    from lmk.config.model import check_lora
+
+    config = AutoConfig.for_model(arch, num_hidden_layers=2, hidden_size=64, intermediate_size=96,
+                                  num_attention_heads=4, num_key_value_heads=2, vocab_size=500)
+    model = AutoModel.from_config(config)
+    shape = EncoderShape.from_config(config.to_dict())
+    assert shape.decoder and shape.kv_dim == 32 and shape.params() == sum(p.numel() for p in model.parameters())
+    lora = check_lora(arch, {"r": 4})
+    adapted = get_peft_model(model, LoraConfig(r=4, lora_alpha=32, target_modules=lora["target_modules"]))
+    assert shape.lora_params(lora) == sum(p.numel() for p in adapted.parameters() if p.requires_grad)
+    with pytest.raises(ValueError, match="Wqkv"):
+        shape.lora_params({**lora, "target_modules": ["Wqkv"]})
+
+
+def test_lora_memory_freezes_the_base_and_trains_float32_adapters():
+    from lmk.config.model import check_lora
+
+    shape = encoder_shape({"model_id": "mistralai/Mistral-7B-v0.3"})  # a published config: nothing downloaded
+    lora = check_lora("mistral", {})
+    sizes = dict(queries=16, group_size=8, query_len=128, passage_len=512, grad_cache_chunk=8, world_size=8)
+    bf16 = Precision.of("bf16-mixed", "bfloat16")
+    est = estimate_memory(shape, **sizes, precision=bf16, lora=lora)
+    n, trainable = shape.params(), shape.lora_params(lora)
+    assert 7.0e9 < n < 7.2e9 and trainable == 32 * 64 * (3 * (4096 + 14336) + 2 * (4096 + 4096) + 2 * (4096 + 1024))
+    # the frozen bf16 base holds no gradient, optimizer state or DDP bucket; the fp32 adapters hold all of them
+    assert est.weights == 2 * n + 4 * trainable and est.grads == 4 * trainable and est.optimizer == 8 * trainable
+    assert est.ddp_buckets == 4 * trainable and est.autocast_weights == 2 * trainable
+    assert est.tokens_in_flight == 8 * 512 and any(note.startswith("LoRA r 64") for note in est.notes)
+    full = estimate_memory(shape, **sizes, precision=bf16)  # every weight trains
+    assert full.grads == 2 * n and full.optimizer == 4 * n and full.total > est.total + 25 * GIB
+    # the adapters' backward keeps each module's dropped-out input: no dropout, less memory
+    assert estimate_memory(shape, **sizes, precision=bf16, lora={**lora, "dropout": 0.0}).activations < est.activations
+    assert estimate_memory(shape, **sizes, precision=bf16, lora=lora, checkpointing=True).activations < est.activations / 10
+
+
+def test_a_frozen_base_costs_one_forward_for_its_backward():
+    assert EncoderShape.train_passes(False, True, frozen=True) == 3 == EncoderShape.train_passes(False, True) - 1
+    shape = encoder_shape({"model_id": "ibm-granite/granite-4.1-8b"})
+    lora = {"r": 64, "target_modules": ["q_proj", "v_proj"], "dropout": 0.1}
+    plain, adapted = shape.train_flops_per_token(512, grad_cache=True), shape.train_flops_per_token(512, grad_cache=True,
+                                                                                                   lora=lora)
+    forward = shape.forward_flops_per_token(512)
+    assert adapted == pytest.approx(3 * forward + 4 * 2 * shape.lora_params(lora)) and adapted < plain

@@ -19,7 +19,7 @@ from lmk.config import registry
 from lmk.config.data import LOCAL_SOURCE, REPLICA_PREFIX, DataConfig, SourceConfig, is_named_source
 from lmk.config.device import check_device, check_precision
 from lmk.config.eval import LENGTHS, EvalConfig, EvalConfigError, no_landmarks_message
-from lmk.config.model import EncoderConfig, PoolingConfig, koehn_languages, validate_splitter
+from lmk.config.model import EncoderConfig, PoolingConfig, check_lora, koehn_languages, validate_splitter
 from lmk.config.paths import in_repo, repo_root
 from lmk.config.root import (
     CKPT_AUTO,
@@ -49,7 +49,7 @@ __all__ = [
     "CKPT_AUTO", "CKPT_FRESH", "CONF_DIR", "LENGTHS", "LOCAL_SOURCE", "REPLICA_PREFIX", "Coercible",
     "ConfigError", "DataConfig", "EncoderConfig", "EvalConfig", "EvalConfigError", "PoolingConfig",
     "RootConfig", "SourceConfig", "TrainSection", "UserError", "above", "at_least", "call_arguments",
-    "check_device", "check_precision", "choice", "derive_seeds", "effective_batch", "get_key", "in_repo",
+    "check_device", "check_lora", "check_precision", "choice", "derive_seeds", "effective_batch", "get_key", "in_repo",
     "is_named_source", "is_user_error", "koehn_languages", "no_landmarks_message", "plain", "registry", "repo_root", "to_container",
     "validate", "validate_splitter",
 ]

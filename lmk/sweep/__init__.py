@@ -20,7 +20,7 @@ __all__, __getattr__ = interface(__name__, {
     "lmk.sweep.driver": ("mark_interrupted",),
     "lmk.sweep.eval_stage": ("merge", "model_fingerprint", "trained_fingerprint"),
     "lmk.sweep.hub_mirror": ("prepare",),
-    "lmk.sweep.jobs": ("ENTRY_CONFIG", "compose_config", "job_id", "job_overrides", "plan_shards",
+    "lmk.sweep.jobs": ("ENTRY_CONFIG", "compose_config", "job_id", "job_overrides", "plan", "plan_shards",
                        "stage_overrides", "train_block"),
     "lmk.sweep.scale_artifacts": ("scale_artifacts",),
     "lmk.sweep.provenance": ("provenance_lines",),

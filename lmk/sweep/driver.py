@@ -274,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
         # with --seeds every seed's trained run (train/<row>/seed<k>) is evaluated
         trained = [job_id(r.id, s) for r in sweep.rows for s in (sweep.seeds or [None])]
         failures += run_stage(sweep.scale, trained, sweep.out, f"{sweep.group}-eval", args.force, args.dry_run,
-                              sweep_command, run_block, hub)
+                              sweep_command, run_block, hub, {r.id: r.eval_overrides for r in sweep.rows})
     if args.dry_run:
         for name in ("train", "zeroshot"):
             if (sweep.out / name / "jobs.json").is_file():

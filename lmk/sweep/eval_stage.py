@@ -92,6 +92,7 @@ def merge(rows: Sequence[str], train_dir: str | Path, eval_dir: str | Path, suit
         timings: dict[str, float] = {}
         status: dict[str, str] = {}
         meta: dict[str, Any] = {}
+        search_s = 0.0
         for shard in shards:
             folder = Path(eval_dir) / f"{row}{SEP}{shard}"
             raw = _read(folder / "results.json")
@@ -110,8 +111,11 @@ def merge(rows: Sequence[str], train_dir: str | Path, eval_dir: str | Path, suit
             timings.update(section.timings)
             if section.per_query:
                 per_query.update(_read(folder / section.per_query))
-            meta = {k: getattr(section, k) for k in ("model", "fingerprint", "query_max_length", "passage_max_length")
-                    if getattr(section, k) is not None}
+            meta = {k: getattr(section, k) for k in ("model", "fingerprint", "query_max_length", "passage_max_length",
+                                                     "scoring") if getattr(section, k) is not None}
+            if section.scoring == "maxsim":  # which states a query was, and the search time over every shard
+                meta["maxsim_query"] = section.extra.get("maxsim_query")
+                search_s += float(section.extra.get("maxsim_search_seconds") or 0.0)
             status[shard] = STATUS_DONE
         report[row] = status
         if not tasks:
@@ -120,7 +124,8 @@ def merge(rows: Sequence[str], train_dir: str | Path, eval_dir: str | Path, suit
         write_json(run / "per_query.json", per_query, indent=1)
         section = {"suite": suite.name, "tasks": tasks, "groups": groups,
                    "group_tasks": {g: list(m) for g, m in suite.groups.items()}, "per_query": "per_query.json",
-                   "timings": timings, "stage": {"shards": status, "model_fingerprint": fp}, **meta}
+                   "timings": timings, "stage": {"shards": status, "model_fingerprint": fp}, **meta,
+                   **({"maxsim_search_seconds": round(search_s, 3)} if meta.get("scoring") == "maxsim" else {})}
         update_results(run, eval=section)
         missing = [s for s, st in status.items() if st != STATUS_DONE]
         log.info("eval stage: row %s merged %d/%d shards%s", row, len(shards) - len(missing), len(shards),
@@ -149,16 +154,18 @@ def prepared_data(scale: Scale, suite: EvalConfig, out: Path, hub: Sequence[str]
 
 
 def run_stage(scale: Scale, rows: Sequence[str], out: Path, group: str, force: bool, dry_run: bool,
-              sweep_command: Any, run_block: Any, hub: Sequence[str] = ()) -> int:
-    """The eval stage of a sweep (`scale.eval_stage`): plan (`lmk.sweep.jobs.eval_block`), launch through the
-    row sweeper, merge. Returns 1 when a shard of a trained row is not merged or a row has no model, else 0."""
+              sweep_command: Any, run_block: Any, hub: Sequence[str] = (),
+              row_evals: Mapping[str, Sequence[str]] | None = None) -> int:
+    """The eval stage of a sweep (`scale.eval_stage`): plan (`lmk.sweep.jobs.eval_block`, each row's jobs with its
+    own `eval.*` overrides from `row_evals`), launch through the row sweeper, merge. Returns 1 when a shard of a
+    trained row is not merged or a row has no model, else 0."""
     suite = stage_suite(scale, hub)
     shards = plan_shards(suite, str(scale.eval_stage.get("shard_by", "group")))
     train_dir, eval_dir = out / "train", out / "eval"
     eval_dir.mkdir(parents=True, exist_ok=True)
     if dry_run:
         hub, _ = prepared_data(scale, suite, out, hub, True, run_block)
-        block = eval_block(scale, rows, train_dir, hub)
+        block = eval_block(scale, rows, train_dir, hub, row_evals=row_evals)
         for job in block.jobs()[:len(shards)]:  # one job per shard validates its suite subset before launch
             EvalConfig.from_cfg(job.compose().eval)
         jobs = [{"row": j.row, "train_row": j.row.split(SEP)[0], "shard": j.row.split(SEP)[1],
@@ -173,14 +180,14 @@ def run_stage(scale: Scale, rows: Sequence[str], out: Path, group: str, force: b
     if untrained:
         print(f"[lmk.sweep] eval stage: rows whose training did not finish (not evaluated; rerun the sweep to "
               f"finish them): {', '.join(untrained)}", file=sys.stderr)
-    block = eval_block(scale, rows, train_dir, hub, fingerprints)
+    block = eval_block(scale, rows, train_dir, hub, fingerprints, row_evals)
     code = 0
     if block.rows:
         hub, code = prepared_data(scale, suite, out, hub, False, run_block)
         if code:  # the jobs of the tasks it could not prepare fail naming why; the others run
             print(f"[lmk.sweep] eval stage: the eval data of some tasks was not prepared (exit {code}, see above); "
                   "their jobs will fail naming why, the others run", file=sys.stderr)
-        block = eval_block(scale, rows, train_dir, hub, fingerprints)
+        block = eval_block(scale, rows, train_dir, hub, fingerprints, row_evals)
         cmd = sweep_command(block, eval_dir, scale, group, force, False)
         code = run_block(cmd, scale.env)
     report = merge(rows, train_dir, eval_dir, suite, shards)

@@ -134,9 +134,12 @@ def shard_overrides(run: Path, tasks: Sequence[str], shard: str, row: str, finge
 
 
 def eval_block(scale: Scale, rows: Sequence[str], train_dir: Path, hub: Sequence[str] = (),
-               fingerprints: Mapping[str, str | None] | None = None) -> Block | None:
+               fingerprints: Mapping[str, str | None] | None = None,
+               row_evals: Mapping[str, Sequence[str]] | None = None) -> Block | None:
     """The eval stage's jobs for trained rows `rows` (ids under `train_dir`, `<row>/seed<k>` with seeds); with
-    `fingerprints`, one entry per row (None: not trained yet, no job) tags each job with its model."""
+    `fingerprints`, one entry per row (None: not trained yet, no job) tags each job with its model; `row_evals`
+    (row id -> its `eval.*` overrides, `Row.eval_overrides`) gives a row's jobs its own evaluation settings, such
+    as eval.scoring=maxsim."""
     if not scale.eval_stage:
         return None
     shards = plan_shards(stage_suite(scale, hub), str(scale.eval_stage.get("shard_by", "group")))
@@ -145,8 +148,9 @@ def eval_block(scale: Scale, rows: Sequence[str], train_dir: Path, hub: Sequence
         fp = (fingerprints or {}).get(row)
         if fingerprints is not None and fp is None:
             continue
+        own = list((row_evals or {}).get(row.split("/", 1)[0], ()))  # `<row>/seed<k>`: the row's settings
         for shard, tasks in shards.items():
-            jobs[f"{row}{SEP}{shard}"] = shard_overrides(train_dir / row, tasks, shard, row, fp)
+            jobs[f"{row}{SEP}{shard}"] = [*own, *shard_overrides(train_dir / row, tasks, shard, row, fp)]
     return Block("eval", "lmk.evaluate", tuple(stage_overrides(scale, hub)), jobs)
 
 
@@ -155,5 +159,5 @@ def plan(scale: Scale, rows: Sequence[Row], out: Path, *, hub: Sequence[str] = (
     """Every block of a sweep of `scale` into `out` (train, zero-shot, eval stage), in launch order."""
     blocks: list[Any] = [train_block(scale, rows, hub, seeds), zeroshot_block(scale, rows, hub) if zero_shot else None]
     trained = [job_id(r.id, s) for r in rows for s in (seeds or [None])]
-    blocks.append(eval_block(scale, trained, out / "train", hub, fingerprints))
+    blocks.append(eval_block(scale, trained, out / "train", hub, fingerprints, {r.id: r.eval_overrides for r in rows}))
     return [b for b in blocks if b is not None]

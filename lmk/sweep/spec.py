@@ -30,6 +30,12 @@ class Row:
     optional: bool = False
 
     @property
+    def eval_overrides(self) -> list[str]:
+        """The row's own evaluation settings (`eval.*` overrides, e.g. eval.scoring=maxsim): an eval stage's jobs of
+        this row carry them too."""
+        return [o for o in self.overrides if o.lstrip("+~").startswith("eval.")]
+
+    @property
     def pooling(self) -> str | None:
         for o in self.overrides:
             key, _, value = o.lstrip("+~").partition("=")

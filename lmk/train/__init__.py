@@ -17,7 +17,7 @@ __all__, __getattr__ = interface(__name__, {
     "lmk.train.guard": ("NonFiniteError", "NonFiniteGuard"),
     "lmk.train.losses": ("info_nce",),
     "lmk.train.memory": ("FIT_HINT", "GIB", "Precision", "decide_checkpointing", "estimate_memory",
-                         "job_memory", "job_world_size", "sections"),
+                         "job_lora", "job_memory", "job_world_size", "sections"),
     "lmk.train.module": ("ContrastiveModule", "WARMUP_CURVES", "build_module", "warmup_decay"),
     "lmk.train.progress": ("progress_line",),
     "lmk.train.trainer_args": ("SET_BY_LMK", "validate_training"),

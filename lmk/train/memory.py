@@ -16,6 +16,12 @@ Gradient checkpointing keeps only each layer's input (s*h per token per layer) p
 activations while it is recomputed; gradient caching bounds the tokens in flight to one chunk.
 `overhead` (CUDA context, cuBLAS workspace, allocator fragmentation) is an assumption; the GPU check
 (`make gpu-check`) measures the real peak next to this estimate.
+
+With LoRA (`encoder.lora`, the decoder recipe) the base weights are frozen in their own dtype (bf16 for an 8B
+decoder) and hold no gradient or optimizer state; the adapters are float32 with their gradients, AdamW's two
+moments, autocast's half copies and DDP's buckets; each layer also keeps what the adapters' backward needs
+(`EncoderShape.lora_activation_bytes`: A's output, and each module's dropped-out input when lora.dropout > 0).
+A decoder's layer formula counts grouped-query attention's smaller key/value projections and a SwiGLU MLP.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from lmk.config import to_container
+from lmk.config.model import check_lora
 from lmk.model.shape import EncoderShape, encoder_shape
 
 GIB = 1024**3
@@ -130,11 +137,13 @@ def estimate_memory(
     grad_cache_chunk: int | None = None,
     world_size: int = 1,
     attn_implementation: str = "sdpa",
+    lora: dict[str, Any] | None = None,
 ) -> MemoryEstimate:
     """Peak training memory of one device for `queries` queries x `group_size` passages per step.
 
     Inputs are assumed padded to the max lengths (the worst case of a batch). `grad_cache_chunk` (rows
-    per chunk, `train.grad_cache_chunk`) when gradient caching is on, else None.
+    per chunk, `train.grad_cache_chunk`) when gradient caching is on, else None. `lora` (the filled-in
+    `encoder.lora`): the base weights frozen, only float32 adapters trained.
     """
     for name, value in (("queries", queries), ("group_size", group_size), ("query_len", query_len),
                         ("passage_len", passage_len), ("world_size", world_size)):
@@ -146,6 +155,8 @@ def estimate_memory(
     blocks = _activation_blocks(queries, group_size, query_len, passage_len, grad_cache_chunk)
     tokens = sum(r * t for r, t in blocks)
     per_layer = shape.layer_activation_bytes(prec.compute_bytes, prec.stream_bytes)
+    if lora is not None:
+        per_layer += shape.lora_activation_bytes(prec.compute_bytes, lora)
     s = prec.stream_bytes
     if checkpointing:
         # each layer's input + the final hidden states; one layer's full activations while recomputed
@@ -167,11 +178,30 @@ def estimate_memory(
     loss = 4 * (2 * gathered * shape.hidden + 3 * queries * gathered)
     if grad_cache_chunk:
         loss += 4 * 2 * queries * (group_size + 1) * shape.hidden  # cached embeddings + their gradients
+    if lora is not None:
+        return _lora_estimate(shape, prec, lora, world_size, float(activations), float(masks), float(loss), tokens,
+                              notes)
     return MemoryEstimate(
         weights=n * prec.weight_bytes, grads=n * prec.weight_bytes, optimizer=2 * n * prec.weight_bytes,
         autocast_weights=n * 2 if prec.autocast_copy else 0,
         ddp_buckets=n * prec.weight_bytes if world_size > 1 else 0,
         activations=float(activations), attention_masks=float(masks), loss=float(loss),
+        overhead=CONTEXT_OVERHEAD_GIB * GIB + FRAGMENTATION * activations, tokens_in_flight=tokens, notes=notes,
+    )
+
+
+def _lora_estimate(shape: EncoderShape, prec: Precision, lora: dict[str, Any], world_size: int, activations: float,
+                   masks: float, loss: float, tokens: int, notes: list[str]) -> MemoryEstimate:
+    """The frozen base in its dtype; float32 adapters with gradients, AdamW state, autocast copies, DDP buckets."""
+    n, trainable = shape.params(), shape.lora_params(lora)
+    notes.append(f"LoRA r {lora['r']} on {len(lora['target_modules'])} modules: {trainable / 1e6:.3g}M float32 "
+                 f"adapter weights train (gradients + AdamW), {n / 1e9:.3g}B frozen base weights at "
+                 f"{prec.weight_bytes} bytes")
+    mixed = prec.compute_bytes < 4
+    return MemoryEstimate(
+        weights=n * prec.weight_bytes + 4 * trainable, grads=4 * trainable, optimizer=8 * trainable,
+        autocast_weights=2 * trainable if mixed else 0, ddp_buckets=4 * trainable if world_size > 1 else 0,
+        activations=activations, attention_masks=masks, loss=loss,
         overhead=CONTEXT_OVERHEAD_GIB * GIB + FRAGMENTATION * activations, tokens_in_flight=tokens, notes=notes,
     )
 
@@ -210,7 +240,14 @@ def job_memory(cfg: Any, checkpointing: bool | None = None) -> MemoryEstimate:
         checkpointing=checkpointing,
         grad_cache_chunk=int(train.get("grad_cache_chunk", 32)) if train.get("grad_cache") else None,
         world_size=job_world_size(c), attn_implementation=str(enc.get("attn_implementation", "sdpa")),
+        lora=job_lora(c),
     )
+
+
+def job_lora(cfg: Any) -> dict[str, Any] | None:
+    """A job's `encoder.lora` with the authors' values filled in (lmk.config.model.check_lora); None: no adapter."""
+    enc = sections(cfg).get("encoder") or {}
+    return check_lora(str(enc.get("name", "?")), enc.get("lora"))
 
 
 @dataclass(frozen=True)

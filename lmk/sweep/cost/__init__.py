@@ -6,6 +6,7 @@ assumed):
     throughput.py       what the estimate divides by: a measured gpu-check, else a published peak (Rates)
     training.py         a training job: tokens, FLOPs (the passes lmk.train runs), wall time
     evaluation.py       the eval stage per shard: tokens and time from mteb's task statistics
+    index.py            a MaxSim row's index (landmark vectors and bytes per document, per task) and exact search
     stage.py            a stage: its jobs, device-hours, longest job, how many at once, wall time
     limits.py           a job's estimate against its launcher's time limit; requeued segments
     report.py           the row sweeper's per-job report (memory, checkpointing, time)
@@ -21,9 +22,10 @@ __all__, __getattr__ = interface(__name__, {
     "lmk.sweep.cost.estimate": ("check_sweep", "format_estimate", "print_sweep_estimate", "sweep_estimate",
                                 "training_time_report"),
     "lmk.sweep.cost.evaluation": ("CHARS_PER_TOKEN", "eval_cost"),
+    "lmk.sweep.cost.index": ("Layout", "TaskIndex", "task_index"),
     "lmk.sweep.cost.limits": ("TimeLimit", "eval_verdict", "training_verdict"),
     "lmk.sweep.cost.report": ("job_report",),
     "lmk.sweep.cost.stage": ("StageCost", "makespan"),
-    "lmk.sweep.cost.throughput": ("GPU_CHECK_JSON", "peak_throughput", "read_gpu_check"),
+    "lmk.sweep.cost.throughput": ("GPU_CHECK_JSON", "maxsim_throughput", "peak_throughput", "read_gpu_check"),
     "lmk.sweep.cost.training": ("TrainingJob", "training_cost", "training_flops"),
 })

@@ -23,9 +23,10 @@ from lmk.config import CONF_DIR
 from lmk.config.eval import EvalConfig
 from lmk.model.shape import encoder_shape
 from lmk.sweep.cost.evaluation import eval_cost
+from lmk.sweep.cost.index import Layout
 from lmk.sweep.cost.limits import TimeLimit, eval_verdict, training_verdict
 from lmk.sweep.cost.stage import StageCost, hours
-from lmk.sweep.cost.throughput import GPU_CHECK_JSON, Rates, choose_rates
+from lmk.sweep.cost.throughput import GPU_CHECK_JSON, Rates, choose_rates, maxsim_throughput
 from lmk.sweep.cost.training import training_cost, training_job
 from lmk.sweep.jobs import ENTRY_CONFIG, compose_config, plan_shards, stage_overrides, train_block
 from lmk.sweep.spec import Scale, load_spec
@@ -55,24 +56,33 @@ def _devices(c: dict[str, Any]) -> int:
     return max(int(launcher.get("nodes", 1)) * per_node, 1)
 
 
-def _eval_stage(scale: Scale, rows: int, c: dict[str, Any], shape: Any, rates: Rates) -> StageCost | None:
-    """The eval stage's cost (its own jobs and launcher), or the suite the training jobs evaluate themselves."""
-    stage = scale.eval_stage or {}
+def _eval_stage(scale: Scale, layouts: dict[str, Layout | None], c: dict[str, Any], shape: Any, rates: Rates
+                ) -> StageCost | None:
+    """The eval stage's cost (its own jobs and launcher), or the suite the training jobs evaluate themselves;
+    `layouts`: each row's MaxSim layout (None: single-vector)."""
+    stage, rows = scale.eval_stage or {}, len(layouts)
     if (scale.hub_mirror or {}).get("replicas"):
         return None  # small local replicas: the tasks' own sizes would mislead
     if not stage:
         suite = EvalConfig.from_cfg(c["eval"]).training_view() if c.get("eval") else None
-        return eval_cost(suite, rows, None, shape, rates) if suite is not None and suite.enabled else None
+        return eval_cost(suite, rows, None, shape, rates, layouts) if suite is not None and suite.enabled else None
     overrides = [*stage_overrides(scale), *_launch(scale)]
     cfg = compose_config("lmk.evaluate", overrides)
     ev, suite = sections(cfg), EvalConfig.from_cfg(cfg.eval)
-    cost = eval_cost(suite, rows, plan_shards(suite, str(stage.get("shard_by", "group"))), shape, rates)
+    cost = eval_cost(suite, rows, plan_shards(suite, str(stage.get("shard_by", "group"))), shape, rates, layouts)
     cost.parallel = parallel_jobs(scale, overrides, "lmk.evaluate")
     limit = TimeLimit.of(ev, scale.launcher, STAGE_KEYS)
     if limit is not None:
         verdict = eval_verdict(cost, limit, rates.job_overhead_s, rates.train.source)
         cost.limit, cost.refusal = verdict.text, verdict.refusal
     return cost
+
+
+def _layout(scale: Scale, row: Any, dim: int) -> Layout | None:
+    """A row's MaxSim layout (its pooling and eval.maxsim_query, its job composed as the sweep launches it; an eval
+    stage's jobs carry the row's `eval.*` overrides) where its evaluation scores by MaxSim; None: single-vector."""
+    cfg = compose_config("lmk.train", [*train_block(scale, [row]).jobs()[0].overrides, *_launch(scale)])
+    return Layout.of({"eval": cfg.get("eval") or {}, "pooling": cfg.pooling}, dim)
 
 
 def sweep_estimate(spec_path: str, scale_name: str, rows: Sequence[str], gpu: str | None = None,
@@ -91,10 +101,13 @@ def sweep_estimate(spec_path: str, scale_name: str, rows: Sequence[str], gpu: st
     shape = encoder_shape(c["encoder"])
     on_cpu = str((c.get("trainer") or {}).get("accelerator", "gpu")) == "cpu"
     rates = choose_rates(on_cpu, shape, throughput_file, gpu_check, gpu)
+    layouts = {r: _layout(scale, by_id[r], shape.hidden) for r in rows}
+    if any(layouts.values()):
+        rates.maxsim = maxsim_throughput(rates, gpu)
     gpus = _devices(c)
     train = training_cost(c, len(rows), gpus)
     train.parallel = parallel_jobs(scale, overrides)
-    ev = _eval_stage(scale, len(rows), c, shape, rates)
+    ev = _eval_stage(scale, layouts, c, shape, rates)
     job = training_job(c, gpus, rates, eval_s=ev.job_wall_s if ev is not None and not ev.jobs else 0.0)
     limit = TimeLimit.of(c, scale.launcher)
     verdict = training_verdict(job, limit, rates.train.source) if limit is not None else None

@@ -42,7 +42,8 @@ def job_report(cfg: Any) -> dict[str, Any] | None:
     fits = None if gpu_gb is None else est.fits(float(gpu_gb))
     hint = FIT_HINT + ("" if checkpointing.on else "; or encoder.gradient_checkpointing=true")
     time = job_time(c)
-    parts = ["memory per device: " + est.summary(gpu_gb) + ("" if fits is not False else f"; {hint}"),
+    lora = [n for n in est.notes if n.startswith("LoRA")]  # what trains and what is frozen (the decoder recipe)
+    parts = ["memory per device: " + est.summary(gpu_gb) + ("" if fits is not False else f"; {hint}"), *lora,
              checkpointing.line, *([time["summary"]] if time else [])]
     return {"memory_gib": est.gib(), "gpu_memory_gb": gpu_gb, "fits": fits, "notes": est.notes,
             "world_size": job_world_size(c), "gradient_checkpointing": checkpointing.record(), "time": time,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 
 def hours(seconds: float) -> str:
@@ -40,6 +41,7 @@ class StageCost:
     longest: str = ""  # which job is the longest ("each row", a shard's name)
     limit: str = ""  # the longest job against the launcher's time limit ("" where none applies)
     refusal: str | None = None  # why the longest job cannot finish within its time limit, with the fix
+    maxsim: dict[str, list[Any]] = field(default_factory=dict)  # eval: a MaxSim row's index and search per task
 
     def gpu_hours(self) -> float:
         return self.device_s / 3600.0

@@ -20,6 +20,8 @@ from lmk.model.shape import EncoderShape
 
 GPU_CHECK_JSON = "outputs/gpu_check/gpu_check.json"  # where `make gpu-check` writes its report
 GPU_PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "L40S": 362.0}  # bf16 dense, vendor sheets
+# float32 without tensor cores (vendor sheets): MaxSim's exact search multiplies float32 vectors (lmk.eval.maxsim)
+GPU_FP32_TFLOPS = {"H100": 67.0, "H200": 67.0, "A100": 19.5, "L40S": 91.6}
 ASSUMED_UTILISATION = 0.35
 TOKENIZE_TOKENS_PER_S = 0.76e6  # one fast-tokenizer pass on one CPU core (a bench measurement): assumed
 SEARCH_FLOPS_PER_S = 2.0e11  # exact dense search (mteb: float32 matmul + top-k on the CPU): assumed
@@ -47,6 +49,7 @@ class Rates:
     job_overhead_source: str
     tokenize_tokens_per_s: float = TOKENIZE_TOKENS_PER_S
     search_flops_per_s: float = SEARCH_FLOPS_PER_S
+    maxsim: Throughput | None = None  # MaxSim's search on the eval device (set where a row scores by MaxSim)
 
     def encode_at(self, length: float) -> Throughput:
         """The encode figure measured at the length nearest `length` (on a log scale)."""
@@ -59,6 +62,8 @@ class Rates:
             out.append(f"tokenization: {self.tokenize_tokens_per_s / 1e6:.2f}M tokens/s on the CPU, in turn with "
                        "the model (assumed: one fast-tokenizer pass on one core)")
         out.append(f"search: exact, {self.search_flops_per_s / 1e9:.0f} GFLOP/s on the CPU (assumed)")
+        if self.maxsim is not None:
+            out.append(f"MaxSim search: {self.maxsim.source}")
         out.append(f"job overhead: {self.job_overhead_s:.0f} s per job ({self.job_overhead_source})")
         return out
 
@@ -98,6 +103,23 @@ def peak_throughput(gpu: str = "H100", utilisation: float = ASSUMED_UTILISATION)
     return Throughput(GPU_PEAK_TFLOPS[gpu] * 1e12 * utilisation,
                       f"published {gpu} bf16 dense peak {GPU_PEAK_TFLOPS[gpu]:.0f} TFLOP/s x {utilisation:.0%} "
                       "assumed utilisation (no measured gpu-check)")
+
+
+def maxsim_throughput(rates: Rates, gpu: str | None = None) -> Throughput:
+    """MaxSim's exact search rate: float32 on the eval job's GPU (its published float32 peak x the assumed
+    utilisation; the GPU a measurement names, else `gpu` / LMK_GPU), or the CPU search rate on a CPU scale."""
+    if rates.train.kind == "cpu":
+        return Throughput(rates.search_flops_per_s, f"exact, float32, {rates.search_flops_per_s / 1e9:.0f} GFLOP/s "
+                          "on the CPU (assumed)", "cpu")
+    name = gpu or os.environ.get("LMK_GPU", "H100")
+    measured = rates.train.source
+    name = next((g for g in GPU_FP32_TFLOPS if g in measured), name) if rates.train.measured else name
+    if name not in GPU_FP32_TFLOPS:
+        raise ValueError(f"GPU {name!r} has no published float32 peak here; set LMK_GPU to one of "
+                         f"{', '.join(GPU_FP32_TFLOPS)}")
+    return Throughput(GPU_FP32_TFLOPS[name] * 1e12 * ASSUMED_UTILISATION,
+                      f"exact, float32 on the eval GPU: published {name} float32 peak {GPU_FP32_TFLOPS[name]:g} "
+                      f"TFLOP/s x {ASSUMED_UTILISATION:.0%} assumed utilisation")
 
 
 def measured_rates(tp: Mapping[str, Any], path: Path | str, shape: EncoderShape) -> Rates:

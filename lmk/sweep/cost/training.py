@@ -1,8 +1,8 @@
 """A training job's cost: steps x global batch x (query + group x passage tokens, padded to the max lengths: an
 upper bound) x FLOPs per training token, counted with the passes `lmk.train` runs (`EncoderShape.train_passes`:
-forward, backward = 2, the forward gradient checkpointing recomputes when the job turns it on, grad cache's
-no-grad embedding pass), divided by the training FLOP/s of the rates, plus a per-job fixed cost (start-up,
-setup, checkpoints)."""
+forward, backward = 2 (1 for a base frozen under LoRA, whose adapters add their own), the forward gradient
+checkpointing recomputes when the job turns it on, grad cache's no-grad embedding pass), divided by the training
+FLOP/s of the rates, plus a per-job fixed cost (start-up, setup, checkpoints)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 from lmk.model.shape import EncoderShape, encoder_shape
 from lmk.sweep.cost.stage import StageCost
 from lmk.sweep.cost.throughput import Rates
-from lmk.train.memory import decide_checkpointing, sections
+from lmk.train.memory import decide_checkpointing, job_lora, sections
 
 
 @dataclass(frozen=True)
@@ -56,11 +56,13 @@ def training_flops(cfg: Any, gpus_per_job: int) -> tuple[float, float, int, list
     steps, per_device, group, q_len, p_len = _sizes(c)
     shape = encoder_shape(c["encoder"])
     ckpt, cache = decide_checkpointing(c).on, bool((c.get("train") or {}).get("grad_cache"))
-    passes = EncoderShape.train_passes(ckpt, cache)
+    lora = job_lora(c)
+    passes = EncoderShape.train_passes(ckpt, cache, frozen=lora is not None)
     queries = steps * per_device * gpus_per_job
-    flops = queries * (q_len * shape.forward_flops_per_token(q_len)
-                       + group * p_len * shape.forward_flops_per_token(p_len)) * passes
-    what = ["forward", "backward (2)"] + ["checkpoint recompute"] * ckpt + ["grad-cache embedding pass"] * cache
+    flops = queries * (q_len * shape.train_flops_per_token(q_len, ckpt, cache, lora)
+                       + group * p_len * shape.train_flops_per_token(p_len, ckpt, cache, lora))
+    backward = "backward (1: frozen base, input gradients only; LoRA adapters 2)" if lora else "backward (2)"
+    what = ["forward", backward] + ["checkpoint recompute"] * ckpt + ["grad-cache embedding pass"] * cache
     return float(queries * (q_len + group * p_len)), float(flops), passes, what
 
 
@@ -83,9 +85,11 @@ def training_cost(cfg: Any, n_jobs: int, gpus_per_job: int) -> StageCost:
     c = sections(cfg)
     steps, per_device, group, q_len, p_len = _sizes(c)
     tokens, flops, passes, what = training_flops(c, gpus_per_job)
-    params = encoder_shape(c["encoder"]).params()
+    shape, lora = encoder_shape(c["encoder"]), job_lora(c)
+    params = f"{shape.params() / 1e6:.0f}M params" + (f" frozen + {shape.lora_params(lora) / 1e6:.3g}M LoRA (r "
+                                                        f"{lora['r']})" if lora else "")
     return StageCost("train", n_jobs, tokens * n_jobs, flops * n_jobs,
                      [f"{steps} steps x {per_device} queries x {gpus_per_job} devices, {group} passages each, "
-                      f"{q_len}/{p_len} tokens (padded: an upper bound), {params / 1e6:.0f}M params, "
+                      f"{q_len}/{p_len} tokens (padded: an upper bound), {params}, "
                       f"{passes} passes per token ({', '.join(what)}); {decide_checkpointing(c).line}"],
                      devices_per_job=gpus_per_job, longest="each row")
