@@ -80,7 +80,7 @@ def test_the_paper_scale_is_the_authors_decoder_recipe() -> None:
 
 def test_the_decoder_paper_dry_run_prints_an_8b_rows_memory_and_gpu_hours(tmp_path: Path) -> None:
     out = tmp_path / "paper"
-    proc = subprocess.run([sys.executable, "-m", "lmk.sweep", str(SPEC), "--scale", "paper", "--dry-run",
+    proc = forked_cli.run([sys.executable, "-m", "lmk.sweep", str(SPEC), "--scale", "paper", "--dry-run",
                            "--out", str(out), "--rows", "lmk-fixed-64"], cwd=ROOT, capture_output=True, text=True,
                           timeout=600)
     text = proc.stdout + proc.stderr
