@@ -31,5 +31,6 @@ __all__, __getattr__ = interface(__name__, {
                          "per_query_scores", "pytrec_measure", "summarize_scores"),
     "lmk.eval.suites": ("UnknownTaskError", "build_tasks", "check_task_names"),
     "lmk.eval.tasks": ("LOCAL_TASKS", "LOCAL_TASK_CLASSES", "LocalNeedle", "LocalPasskey", "LocalShort",
+                       "RulerNiahMultiKey", "RulerNiahMultiQuery", "RulerNiahMultiValue", "RulerNiahSingle",
                        "build_local_task", "local_task"),
 }, modules=("command", "evaluation", "export_command", "fingerprints", "preflight", "prepared", "publish"))
