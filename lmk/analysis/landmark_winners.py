@@ -63,15 +63,15 @@ def winning_landmarks(models: Mapping[str, EmbeddingModel], corpora: Mapping[int
     for label, model in models.items():
         if no_landmarks(model) is not None:
             continue
-        cap = _max_length(model, max_length)
+        length_cap = _max_length(model, max_length)
         for length, rc in corpora.items():
             docs = {d["id"]: d for d in rc.corpus}
             gold = [docs[rc.relevant(q)[0]] for q in rc.queries["id"]]
             doc_states = encode_states(model, [d["text"] for d in gold], "passage", batch_size=batch_size,
-                                       max_length=cap)
+                                       max_length=length_cap)
             query_states = encode_states(model, list(rc.queries["text"]), "query", batch_size=batch_size)
             for q, d, dv, qv in zip(rc.queries, gold, doc_states, query_states, strict=True):
-                index, n = needle_landmark(model, d["text"], d["offset"], d["needle"], cap)
+                index, n = needle_landmark(model, d["text"], d["offset"], d["needle"], length_cap)
                 winners, best = maxsim_winners(qv, dv)
                 winner = int(winners[int(np.argmax(best))])
                 rows.append({"model": label, "length": int(length), "query_id": q["id"], "depth": float(q["depth"]),
