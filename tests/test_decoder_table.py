@@ -52,3 +52,7 @@ def test_the_decoder_table_at_tiny_scale_end_to_end(tmp_path: Path) -> None:
     assert maxsim["eval"]["scoring"] == "maxsim"
     single = json.loads((out / "train" / "lmk-fixed-64" / "results.json").read_text())
     assert single["eval"]["scoring"] == "single"
+    # the RULER column: the NIAH group scored, the haystack named
+    assert 0.0 <= single["eval"]["groups"]["ruler-niah"] <= 1.0
+    assert single["eval"]["tasks"]["RulerNiahSingle"]["data"]["haystack"] == "lmk-essays"
+    assert any(cell["column"] == "ruler-niah" and cell["value"] is not None for cell in table["cells"])

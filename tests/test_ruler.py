@@ -8,6 +8,7 @@ import os
 import re
 from pathlib import Path
 
+import datasets
 import pytest
 from omegaconf import OmegaConf
 
@@ -17,6 +18,7 @@ from lmk.config.eval import RULER_VARIANTS, EvalConfig, EvalConfigError  # noqa:
 from lmk.data import longembed, ruler  # noqa: E402
 from lmk.eval.runner import run_suite  # noqa: E402
 from lmk.eval.tasks import LOCAL_TASK_CLASSES, build_local_task  # noqa: E402
+from lmk.hub import mirror  # noqa: E402
 from lmk.model.embedding import EmbeddingModel  # noqa: E402
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
@@ -92,7 +94,25 @@ def test_bad_settings_say_what_is_allowed() -> None:
     with pytest.raises(EvalConfigError, match="ruler_n_queries"):
         EvalConfig(ruler_n_docs=3, ruler_n_queries=4)
     with pytest.raises(FileNotFoundError, match="eval.ruler_haystack=lmk-essays"):
-        ruler.load_haystack.__wrapped__("paul-graham")
+        ruler.load_haystack("paul-graham")
+
+
+def test_the_essays_of_the_hub_mirror_are_the_haystack_and_the_results_say_so(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = mirror.repo_dir(tmp_path, "dataset", ruler.PAUL_GRAHAM_REPO)
+    (folder / "data").mkdir(parents=True)
+    essays = "How to start. " + " ".join(f"Essay sentence number {i} is here." for i in range(400))
+    datasets.Dataset.from_list([{"title": "t", "text": essays}]).to_parquet(folder / "data" / "train.parquet")
+    mirror.mark_complete(folder, ruler.PAUL_GRAHAM_REPO, "test")
+    monkeypatch.setenv(mirror.ENV_VAR, str(tmp_path))
+    hay = ruler.load_haystack("auto")
+    assert hay.name == "paul-graham" and ruler.PAUL_GRAHAM_REPO in hay.source and hay.words[:3] == ("How", "to", "start.")
+    task = build_local_task("RulerNiahSingle", EvalConfig(tasks=["RulerNiahSingle"], ruler_lengths=[256],
+                                                          ruler_n_docs=2, ruler_n_queries=1))
+    assert task.data_info()["haystack"] == "paul-graham"
+    assert "Essay sentence number" in task.corpora["test_256"].corpus[0]["text"]
+    monkeypatch.delenv(mirror.ENV_VAR)
+    assert ruler.load_haystack("auto").name == "lmk-essays"  # no mirror: lmk's own essays
 
 
 def test_the_ruler_niah_suite_composes() -> None:

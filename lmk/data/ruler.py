@@ -70,7 +70,6 @@ def _haystack(name: str, source: str, text: str) -> Haystack:
     return Haystack(name, source, words, np.concatenate([[0], ends[ends < len(words)]]))
 
 
-@lru_cache(maxsize=4)
 def load_haystack(name: str = "auto") -> Haystack:
     """The haystack `name` (auto | lmk-essays | paul-graham); paul-graham needs the essays in the hub mirror."""
     if name not in RULER_HAYSTACKS:
@@ -80,9 +79,14 @@ def load_haystack(name: str = "auto") -> Haystack:
         raise FileNotFoundError(f"the paul-graham haystack reads the dataset {PAUL_GRAHAM_REPO} from the hub mirror, "
                                 "which has no complete copy; prefetch it into the mirror (hub.mirror) or set "
                                 "eval.ruler_haystack=lmk-essays")
+    return _read_haystack(None if folder is None else str(folder))
+
+
+@lru_cache(maxsize=4)  # by folder: a process that changes its mirror reads the other haystack
+def _read_haystack(folder: str | None) -> Haystack:
     if folder is None:
         return _haystack("lmk-essays", "lmk/resources/needle_essays.txt", _resource("needle_essays.txt"))
-    rows = datasets.load_dataset(str(folder), split="train")
+    rows = datasets.load_dataset(folder, split="train")
     if "text" not in rows.column_names:
         raise ValueError(f"{folder}: the essays need a 'text' column, found {rows.column_names}")
     return _haystack("paul-graham", f"{PAUL_GRAHAM_REPO} ({folder})", "\n\n".join(rows["text"]))
