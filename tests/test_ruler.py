@@ -115,6 +115,15 @@ def test_the_essays_of_the_hub_mirror_are_the_haystack_and_the_results_say_so(tm
     assert ruler.load_haystack("auto").name == "lmk-essays"  # no mirror: lmk's own essays
 
 
+def test_prefetch_lists_the_essays_only_where_the_tasks_must_read_them() -> None:
+    from lmk.hub.artifacts import eval_artifacts
+
+    suite = {"tasks": list(TASKS.values()), "ruler_haystack": "paul-graham"}
+    assert [a.repo_id for a in eval_artifacts(suite)] == [ruler.PAUL_GRAHAM_REPO]
+    assert eval_artifacts({**suite, "ruler_haystack": "auto"}) == []  # auto: lmk's essays where the mirror has none
+    assert eval_artifacts({**suite, "tasks": ["LocalShort"]}) == []
+
+
 def test_the_ruler_niah_suite_composes() -> None:
     for name in ("ruler-niah", "decoder-tiny", "decoder-mini"):
         from hydra import compose, initialize_config_dir

@@ -21,6 +21,7 @@ from lmk.config.device import check_device, check_precision
 from lmk.config.eval import (
     LENGTHS,
     RULER_DEPTHS,
+    RULER_ESSAYS_REPO,
     RULER_HAYSTACKS,
     RULER_VARIANTS,
     EvalConfig,
@@ -54,7 +55,8 @@ from lmk.config.schema import (
 )
 
 __all__ = [
-    "CKPT_AUTO", "CKPT_FRESH", "CONF_DIR", "LENGTHS", "RULER_DEPTHS", "RULER_HAYSTACKS", "RULER_VARIANTS", "LOCAL_SOURCE", "REPLICA_PREFIX", "Coercible",
+    "CKPT_AUTO", "CKPT_FRESH", "CONF_DIR", "LENGTHS", "RULER_DEPTHS", "RULER_ESSAYS_REPO",
+    "RULER_HAYSTACKS", "RULER_VARIANTS", "LOCAL_SOURCE", "REPLICA_PREFIX", "Coercible",
     "ConfigError", "DataConfig", "EncoderConfig", "EvalConfig", "EvalConfigError", "PoolingConfig",
     "RootConfig", "SourceConfig", "TrainSection", "UserError", "above", "at_least", "call_arguments",
     "check_device", "check_precision", "choice", "derive_seeds", "effective_batch", "get_key", "in_repo",

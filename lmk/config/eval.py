@@ -21,6 +21,7 @@ LENGTHS: tuple[int, ...] = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 RULER_VARIANTS: tuple[str, ...] = ("single", "multikey", "multivalue", "multiquery")
 RULER_HAYSTACKS: tuple[str, ...] = ("auto", "lmk-essays", "paul-graham")
 RULER_DEPTHS: tuple[float, ...] = tuple(round(0.1 * i, 1) for i in range(11))
+RULER_ESSAYS_REPO = "emozilla/PaulGrahamEssays"  # Paul Graham's essays (RULER's haystack) as a hub dataset, "text"
 OVERWRITE_STRATEGIES: tuple[str, ...] = ("only-missing", "always")
 # How a retrieval task scores a query against a document: "single" (one pooled vector each, cosine) or "maxsim"
 # (late interaction over the pooled positions kept apart: lmk.eval.maxsim); and which states a MaxSim query is.

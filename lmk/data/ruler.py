@@ -39,12 +39,12 @@ from typing import Any
 import datasets
 import numpy as np
 
-from lmk.config.eval import LENGTHS, RULER_DEPTHS, RULER_HAYSTACKS, RULER_VARIANTS
+from lmk.config.eval import LENGTHS, RULER_DEPTHS, RULER_ESSAYS_REPO, RULER_HAYSTACKS, RULER_VARIANTS
 from lmk.data.longembed import _resource, load_passkey_names, split_name, word_budget
 from lmk.data.retrieval import RetrievalCorpus
 from lmk.hub import mirror
 
-PAUL_GRAHAM_REPO = "emozilla/PaulGrahamEssays"  # Paul Graham's essays as a hub dataset (a "text" column)
+PAUL_GRAHAM_REPO = RULER_ESSAYS_REPO  # Paul Graham's essays as a hub dataset (a "text" column)
 NEEDLE = "The special magic number for {key} is {value}."
 QUESTIONS = {
     "single": "What is the special magic number for {key}?",
