@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from omegaconf import open_dict
 
-from lmk.sweep.spec import load_spec
+from lmk.sweep.spec import load_spec, validate_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC = ROOT / "experiments" / "decoder" / "spec.yaml"
@@ -34,6 +34,11 @@ def test_every_decoder_row_composes_and_validates(scale: str) -> None:
         # every row trains the same LoRA decoder: only the pooling (and the MaxSim row's scoring) differ
         assert typed.encoder.name == "tiny-decoder" and typed.encoder.lora is not None
         assert typed.encoder.architecture == "mistral"
+
+
+@pytest.mark.parametrize("scale", list(load_spec(SPEC).scales))
+def test_every_column_is_a_group_of_its_scales_suite(scale: str) -> None:
+    validate_spec(load_spec(SPEC), scale)  # the sweep's own check before any compute (the RULER column included)
 
 
 @pytest.mark.slow
