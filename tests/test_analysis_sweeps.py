@@ -185,3 +185,18 @@ def test_make_notebooks_passes_scale_only_when_named() -> None:
     default = subprocess.run(["make", "-n", "notebooks"], cwd=ROOT, env=env, capture_output=True, text=True,
                              check=True).stdout
     assert "--param scale=rehearsal" in named and "--param scale" not in default
+
+
+def test_length_scores_carry_the_needle_depth_a_task_records(tmp_path: Path) -> None:
+    run = tmp_path / "sweep" / "train" / "lmk"
+    run.mkdir(parents=True)
+    (run / "per_query.json").write_text(json.dumps({"RulerNiahSingle": {"test_512": {"512_q000": 1, "512_q001": 0}},
+                                                    "LocalPasskey": {"test_256": {"q0": 1}}}))
+    depths = {"test_512": {"512_q000": 0.0, "512_q001": 0.5}}
+    (run / "results.json").write_text(json.dumps({"status": "done", "config": {"pooling": {"name": "lmk-fixed"}},
+                                                  "eval": {"per_query": "per_query.json", "tasks": {
+                                                      "RulerNiahSingle": {"data": {"query_depths": depths}}}}}))
+    scores = an.length_scores(tmp_path / "sweep").set_index(["task", "query_id"])
+    assert scores.loc[("RulerNiahSingle", "512_q001"), "depth"] == 0.5
+    assert scores.loc[("RulerNiahSingle", "512_q000"), ["length", "score"]].tolist() == [512, 1.0]
+    assert np.isnan(scores.loc[("LocalPasskey", "q0"), "depth"])  # a task that records no depth

@@ -14,7 +14,7 @@ import pytest
 import yaml
 from omegaconf import open_dict
 
-from lmk.sweep.spec import load_spec
+from lmk.sweep.spec import load_spec, validate_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC = ROOT / "experiments" / "decoder" / "spec.yaml"
@@ -111,6 +111,11 @@ def test_a_decoder_job_over_its_time_limit_is_refused(tmp_path: Path) -> None:
     assert check_sweep(str(SPEC), "paper", ["lmk-fixed-64"]) == []  # the spec's own limit fits
 
 
+@pytest.mark.parametrize("scale", list(load_spec(SPEC).scales))
+def test_every_column_is_a_group_of_its_scales_suite(scale: str) -> None:
+    validate_spec(load_spec(SPEC), scale)  # the sweep's own check before any compute (the RULER column included)
+
+
 @pytest.mark.slow
 def test_the_decoder_table_at_tiny_scale_end_to_end(tmp_path: Path) -> None:
     out = tmp_path / "decoder"
@@ -127,6 +132,10 @@ def test_the_decoder_table_at_tiny_scale_end_to_end(tmp_path: Path) -> None:
     assert maxsim["eval"]["scoring"] == "maxsim"
     single = json.loads((out / "train" / "lmk-fixed-64" / "results.json").read_text())
     assert single["eval"]["scoring"] == "single"
+    # the RULER column: the NIAH group scored, the haystack named
+    assert 0.0 <= single["eval"]["groups"]["ruler-niah"] <= 1.0
+    assert single["eval"]["tasks"]["RulerNiahSingle"]["data"]["haystack"] == "lmk-essays"
+    assert any(cell["column"] == "ruler-niah" and cell["value"] is not None for cell in table["cells"])
 
 
 def test_the_paper_scale_sizes_mistral_7b_as_its_alternative() -> None:

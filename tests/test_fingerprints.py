@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from lmk.config.eval import LENGTHS
+from lmk.config.eval import LENGTHS, RULER_VARIANTS
 from lmk.data import longembed
 from lmk.eval import fingerprints as fp
 from lmk.eval.replicas import REPLICAS, Sizes, replica_fingerprint, write_replicas
@@ -20,10 +20,11 @@ from lmk.sweep.provenance import provenance_lines
 def test_every_set_has_a_pin_and_the_resource_only_sets_match_it() -> None:
     pins = fp.pinned()
     assert set(pins["data"]) == {"offline-pairs", "bge-full-data-replica", "local:passkey", "local:needle",
-                                 *(f"replica:{t}" for t in REPLICAS)}
+                                 *(f"replica:{t}" for t in REPLICAS), *(f"ruler:{v}" for v in RULER_VARIANTS)}
     # built from lmk/resources only: the same on every machine, whatever the environment
     assert longembed.fingerprint(longembed.generate_passkey(LENGTHS)) == pins["data"]["local:passkey"]
     assert longembed.fingerprint(longembed.generate_needle(LENGTHS)) == pins["data"]["local:needle"]
+    assert fp.ruler_fingerprints() == {f"ruler:{v}": pins["data"][f"ruler:{v}"] for v in RULER_VARIANTS}
     for task in ("LEMBPasskeyRetrieval", "LEMBNeedleRetrieval"):
         assert replica_fingerprint(task, REPLICAS[task].splits(Sizes())) == pins["data"][f"replica:{task}"]
 

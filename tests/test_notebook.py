@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -143,6 +144,12 @@ def test_attention_notebook_executes_top_to_bottom_at_tiny_size(tmp_path, monkey
         "--param",
         "max_length=96",
         "--param",
+        "ruler_lengths=[256]",
+        "--param",
+        "ruler_depths=[0.0, 0.1]",  # needles inside the first 96 tokens: each has a landmark
+        "--param",
+        "n_needle_docs=4",
+        "--param",
         f"table2_root={str(tmp_path / 'no-sweeps')!r}",  # hermetic: the untrained fallback, whatever outputs/ holds
         str(NOTEBOOK),
     ]
@@ -157,7 +164,13 @@ def test_attention_notebook_executes_top_to_bottom_at_tiny_size(tmp_path, monkey
         "depth_length_needle.png",
         "depth_length_passkey.png",
         "information_at_position.png",
+        "winning_landmark.png",
     ]
     assert all((figs / n).read_bytes()[:8] == PNG for n in names)
-    assert sum("image/png" in o.get("data", {}) for o in outputs) == 4  # shown inline too
+    assert sum("image/png" in o.get("data", {}) for o in outputs) == 5  # shown inline too
+    # the per-landmark view: a share per LMK model (the notebook itself asserts every winner is a valid landmark)
+    text = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
+    shares = re.findall(r"^(.+): winning landmark within ±1 chunk of the needle: ([0-9.]+) \((\d+) needle", text, re.M)
+    assert {name for name, _, _ in shares} == {"minilm-l6/lmk-fixed", "tiny-modernbert/lmk-fixed"}, text[-2000:]
+    assert all(0.0 <= float(share) <= 1.0 and int(n) > 0 for _, share, n in shares)
     assert not nbr.has_outputs(nbr.read(NOTEBOOK))  # running it never dirties the committed file

@@ -12,7 +12,8 @@ Three probes, each a plain function over an `EmbeddingModel` (the notebook
 3. `position` - `position_similarity` + `position_curve`: cosine between a long document's pooled
    embedding and the embedding of each of its chunks alone, against the chunk's relative position.
 
-`lengths` reads a Table 2 sweep's per-query scores into score vs document length per pooling (the
+`landmark_winners` is the per-landmark view of MaxSim scoring: for each needle query, which document landmark
+wins the MaxSim against the landmark of the needle's chunk. `lengths` reads a Table 2 sweep's per-query scores into score vs document length per pooling (the
 paper's Figure 1 view, nothing re-encoded). `runs` picks the models to compare (the latest
 `make reproduce-table2` runs, else untrained encoders), `plots` draws the results.
 Everything is re-exported here, so `from lmk import analysis as an; an.attention_profile(...)` works.
@@ -43,6 +44,12 @@ from lmk.analysis.evidence import (
     sensitivity_tables,
     synthetic_corpora,
 )
+from lmk.analysis.landmark_winners import (
+    near_needle_share,
+    needle_corpora,
+    needle_landmark,
+    winning_landmarks,
+)
 from lmk.analysis.lengths import length_curves, length_scores, split_length
 from lmk.analysis.plots import (
     plot_attention_profile,
@@ -51,6 +58,7 @@ from lmk.analysis.plots import (
     plot_depth_length_heatmaps,
     plot_length_scores,
     plot_position_similarity,
+    plot_winning_landmarks,
     save_figure,
 )
 from lmk.analysis.position import position_curve, position_similarity, similarity_curves
@@ -94,6 +102,11 @@ __all__ = [
     "plot_depth_length_heatmaps",
     "plot_length_scores",
     "plot_position_similarity",
+    "plot_winning_landmarks",
+    "near_needle_share",
+    "needle_corpora",
+    "needle_landmark",
+    "winning_landmarks",
     "pooled_rows",
     "pooling_kind",
     "position_curve",

@@ -17,7 +17,7 @@ import pandas as pd
 from lmk.run.results import STATUS_DONE, Results
 
 LENGTH_SPLIT = re.compile(r"(?:^|_)(\d+)$")  # test_256 -> 256 (a subset after "/" is ignored)
-COLUMNS = ["block", "row", "pooling", "task", "length", "query_id", "score", "run_dir"]
+COLUMNS = ["block", "row", "pooling", "task", "length", "query_id", "score", "run_dir", "depth"]
 
 
 def split_length(split: str) -> int | None:
@@ -35,7 +35,9 @@ def length_scores(sweep_dir: str | Path, blocks: tuple[str, ...] = ("train",)) -
     """One row per (run, length task, length, query) of a sweep folder's `<block>/<row>/` runs.
 
     Columns: block, row (the spec row id), pooling, task, length, query_id, score (the task's main
-    metric on mteb's 0..1 scale), run_dir. Runs that are not done or wrote no per-query file are skipped.
+    metric on mteb's 0..1 scale), run_dir, depth (the query's needle depth where the task's results record it,
+    as the RULER NIAH tasks do in `data.query_depths`; else NaN: score over depth x length needs nothing
+    re-encoded). Runs that are not done or wrote no per-query file are skipped.
     """
     sweep = Path(sweep_dir)
     if not sweep.is_dir():
@@ -51,12 +53,14 @@ def length_scores(sweep_dir: str | Path, blocks: tuple[str, ...] = ("train",)) -
             row = results.row_id or results_file.parent.name
             per_query = json.loads((results_file.parent / ref).read_text())
             for task, splits in per_query.items():
+                depths = ((results.eval.tasks.get(task) or {}).get("data") or {}).get("query_depths") or {}
                 for split, scores in splits.items():
                     length = split_length(split)
                     if length is None:
                         continue
+                    at = depths.get(split, {})
                     records += [(block, row, _pooling(config), task, length, str(qid), float(score),
-                                 str(results_file.parent)) for qid, score in scores.items()]
+                                 str(results_file.parent), float(at.get(qid, "nan"))) for qid, score in scores.items()]
     return pd.DataFrame.from_records(records, columns=COLUMNS)
 
 

@@ -150,6 +150,35 @@ def plot_length_scores(curves: pd.DataFrame, block: str = "train", title: str | 
     return fig
 
 
+def plot_winning_landmarks(frame: pd.DataFrame, shares: pd.Series, within: int = 1,
+                           title: str = "winning landmark vs the needle's landmark") -> Figure:
+    """One panel per model: the needle's landmark index (x) against the landmark that wins the query's MaxSim (y),
+    the diagonal and its +/- `within` band shaded; the panel title gives the share inside the band."""
+    seen = frame.dropna(subset=["needle_landmark"])
+    if seen.empty:
+        raise ValueError("no needle query has a needle landmark (all cut by truncation?): lower the depths or lengths")
+    models = list(dict.fromkeys(seen["model"]))
+    fig, axes = _grid(len(models), ncols=3, size=(3.8, 3.4))
+    rng = np.random.default_rng(0)  # jitter only: many points share integer coordinates
+    for ax, name in zip(axes, models, strict=True):
+        part = seen[seen["model"] == name]
+        top = float(max(part["needle_landmark"].max(), part["winner"].max())) + 1
+        grid = np.array([0.0, top])
+        ax.fill_between(grid, grid - within, grid + within, color="tab:green", alpha=0.15, label=f"within +/-{within}")
+        ax.plot(grid, grid, color="grey", lw=0.8, ls="--")
+        ax.scatter(part["needle_landmark"] + rng.uniform(-0.15, 0.15, len(part)),
+                   part["winner"] + rng.uniform(-0.15, 0.15, len(part)), c=part["depth"], cmap="viridis",
+                   vmin=0, vmax=1, s=14)
+        ax.set_xlim(-0.5, top - 0.5)
+        ax.set_ylim(-0.5, top - 0.5)
+        ax.set_xlabel("needle's landmark (chunk index)")
+        ax.set_ylabel("winning landmark")
+        ax.set_title(f"{name}: {100 * shares.get(name, np.nan):.0f}% within +/-{within}", fontsize=9)
+    axes[0].legend(fontsize=7, loc="upper left")
+    fig.suptitle(title, fontsize=10)
+    return fig
+
+
 def save_figure(fig: Figure, fig_dir: str | Path, name: str, dpi: int = 120) -> Path:
     """Write `fig` as `<fig_dir>/<name>.png` (folders created) and return the path."""
     out = Path(fig_dir)

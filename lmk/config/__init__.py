@@ -18,7 +18,16 @@ allowed. The trainer section is Lightning's Trainer signature: its check is pass
 from lmk.config import registry
 from lmk.config.data import LOCAL_SOURCE, REPLICA_PREFIX, DataConfig, SourceConfig, is_named_source
 from lmk.config.device import check_device, check_precision
-from lmk.config.eval import LENGTHS, EvalConfig, EvalConfigError, no_landmarks_message
+from lmk.config.eval import (
+    LENGTHS,
+    RULER_DEPTHS,
+    RULER_ESSAYS_REPO,
+    RULER_HAYSTACKS,
+    RULER_VARIANTS,
+    EvalConfig,
+    EvalConfigError,
+    no_landmarks_message,
+)
 from lmk.config.model import EncoderConfig, PoolingConfig, check_lora, koehn_languages, validate_splitter
 from lmk.config.paths import in_repo, repo_root
 from lmk.config.root import (
@@ -46,7 +55,8 @@ from lmk.config.schema import (
 )
 
 __all__ = [
-    "CKPT_AUTO", "CKPT_FRESH", "CONF_DIR", "LENGTHS", "LOCAL_SOURCE", "REPLICA_PREFIX", "Coercible",
+    "CKPT_AUTO", "CKPT_FRESH", "CONF_DIR", "LENGTHS", "RULER_DEPTHS", "RULER_ESSAYS_REPO",
+    "RULER_HAYSTACKS", "RULER_VARIANTS", "LOCAL_SOURCE", "REPLICA_PREFIX", "Coercible",
     "ConfigError", "DataConfig", "EncoderConfig", "EvalConfig", "EvalConfigError", "PoolingConfig",
     "RootConfig", "SourceConfig", "TrainSection", "UserError", "above", "at_least", "call_arguments",
     "check_device", "check_lora", "check_precision", "choice", "derive_seeds", "effective_batch", "get_key", "in_repo",

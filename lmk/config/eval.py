@@ -16,6 +16,12 @@ from lmk.config.schema import Coercible, ConfigError, at_least, plain
 
 # The LongEmbed lengths (in "tokens" = words / 0.75) the synthetic tasks are regenerated at (lmk.data.longembed).
 LENGTHS: tuple[int, ...] = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+# RULER-style needle-in-a-haystack retrieval (lmk.data.ruler): its variants, haystacks and default needle depths
+# (the authors' grid: 0, 0.1, ..., 1).
+RULER_VARIANTS: tuple[str, ...] = ("single", "multikey", "multivalue", "multiquery")
+RULER_HAYSTACKS: tuple[str, ...] = ("auto", "lmk-essays", "paul-graham")
+RULER_DEPTHS: tuple[float, ...] = tuple(round(0.1 * i, 1) for i in range(11))
+RULER_ESSAYS_REPO = "emozilla/PaulGrahamEssays"  # Paul Graham's essays (RULER's haystack) as a hub dataset, "text"
 OVERWRITE_STRATEGIES: tuple[str, ...] = ("only-missing", "always")
 # How a retrieval task scores a query against a document: "single" (one pooled vector each, cosine) or "maxsim"
 # (late interaction over the pooled positions kept apart: lmk.eval.maxsim); and which states a MaxSim query is.
@@ -74,6 +80,13 @@ class EvalConfig(Coercible):
     longdoc_n_docs: int = at_least(1, 100)
     short_n_queries: int = at_least(1, 200)
     short_n_docs: int | None = None  # None: every held-out docstring is a candidate
+    # RULER NIAH tasks (RulerNiah*): lengths, documents (the first n_queries are asked for), haystack (auto: Paul
+    # Graham's essays where the hub mirror holds them, else lmk's own) and the needle depths cycled over documents.
+    ruler_lengths: list[int] = field(default_factory=lambda: [512, 1024, 2048, 4096, 8192, 16384])
+    ruler_n_docs: int = at_least(1, 100)
+    ruler_n_queries: int = at_least(1, 50)
+    ruler_haystack: str = "auto"
+    ruler_depths: list[float] = field(default_factory=lambda: list(RULER_DEPTHS))
     seed: int = 0
     # Folder of the mteb ResultCache; None = <run dir>/mteb_cache.
     cache_dir: str | None = None
@@ -95,6 +108,8 @@ class EvalConfig(Coercible):
     def __post_init__(self) -> None:
         self.tasks = list(self.tasks)
         self.lengths = [int(x) for x in self.lengths]
+        self.ruler_lengths = [int(x) for x in self.ruler_lengths]
+        self.ruler_depths = [float(x) for x in self.ruler_depths]
         self.groups = {str(k): list(v) for k, v in dict(self.groups).items()}
         self.task_options = {str(k): dict(v) for k, v in dict(self.task_options).items()}
         prompts = plain(self.query_prompts) or {}
@@ -129,6 +144,7 @@ class EvalConfig(Coercible):
             raise EvalConfigError(f"eval.lengths={self.lengths!r}: allowed lengths are {list(LENGTHS)} (non-empty)")
         if len(set(self.lengths)) != len(self.lengths):
             raise EvalConfigError(f"eval.lengths={self.lengths!r}: lengths repeat")
+        self._check_ruler()
         if len(set(self.tasks)) != len(self.tasks):
             raise EvalConfigError(f"eval.tasks={self.tasks!r}: a task is listed twice")
         if self.scoring not in SCORINGS:
@@ -167,6 +183,19 @@ class EvalConfig(Coercible):
         # A subset of the suite (`eval.tasks=[...]`, an eval-stage shard) keeps only its tasks' options; the
         # option names themselves are checked against mteb's registry before compute (lmk.eval.preflight).
         self.task_options = {t: o for t, o in self.task_options.items() if t in self.tasks}
+
+    def _check_ruler(self) -> None:
+        bad = [x for x in self.ruler_lengths if x not in LENGTHS]
+        if bad or not self.ruler_lengths or len(set(self.ruler_lengths)) != len(self.ruler_lengths):
+            raise EvalConfigError(f"eval.ruler_lengths={self.ruler_lengths!r}: allowed distinct lengths of "
+                                  f"{list(LENGTHS)} (non-empty)")
+        if self.ruler_n_queries > self.ruler_n_docs:
+            raise EvalConfigError(f"eval.ruler_n_queries={self.ruler_n_queries} > eval.ruler_n_docs="
+                                  f"{self.ruler_n_docs}: each query asks for its own document; lower ruler_n_queries")
+        if self.ruler_haystack not in RULER_HAYSTACKS:
+            raise EvalConfigError(f"eval.ruler_haystack={self.ruler_haystack!r}: allowed {list(RULER_HAYSTACKS)}")
+        if not self.ruler_depths or any(not 0.0 <= d <= 1.0 for d in self.ruler_depths):
+            raise EvalConfigError(f"eval.ruler_depths={self.ruler_depths!r}: allowed fractions in [0, 1] (non-empty)")
 
     @property
     def enabled(self) -> bool:

@@ -7,6 +7,7 @@
     replica.py        a local replica of cfli/bge-full-data in its real layout
     hub.py            hub loaders (LongEmbed, MLDR) and the BGE repo layout
     longembed.py      passkey + needle generators; longdocs.py: the offline long-document task
+    ruler.py          RULER-style needle-in-a-haystack retrieval (single, multi-key, multi-value, multi-query)
     retrieval.py      RetrievalCorpus; stats.py: `python -m lmk.data.stats`
     landmarks.py      landmark statistics of texts, counted by the model's own landmark tokenizer (any object)
 """
@@ -25,4 +26,4 @@ __all__, __getattr__ = interface(__name__, {
                        "resolve_source", "source_fingerprint"),
     "lmk.data.retrieval": ("RetrievalCorpus",),
     "lmk.data.sampling": ("EpochSampler", "PairDataset", "sample_group"),
-}, modules=("hub", "landmarks", "longdocs", "longembed", "offline_pairs", "pairs", "replica", "stats"))
+}, modules=("hub", "landmarks", "longdocs", "longembed", "offline_pairs", "pairs", "replica", "ruler", "stats"))

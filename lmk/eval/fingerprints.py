@@ -2,7 +2,8 @@
 
 The rehearsal and mini scales read no downloaded data: their training pairs (`lmk.data.offline_pairs`, the
 `cfli/bge-full-data` replica of `lmk.data.replica`), eval replicas (`lmk.eval.replicas`) and local tasks
-(passkey / needle of `lmk.data.longembed`, the long documents of `lmk.data.longdocs`) are built here, some
+(passkey / needle of `lmk.data.longembed`, the long documents of `lmk.data.longdocs`, RULER NIAH of
+`lmk.data.ruler`) are built here, some
 from the text of installed packages (the standard library, numpy, scipy, pandas, scikit-learn). Two machines
 get the same table only when they build the same data, so:
 
@@ -31,8 +32,8 @@ from typing import Any
 import pyarrow.parquet as pq
 from numpy._core import _multiarray_umath as umath
 
-from lmk.config.eval import LENGTHS
-from lmk.data import longembed, offline_pairs, replica
+from lmk.config.eval import LENGTHS, RULER_VARIANTS
+from lmk.data import longembed, offline_pairs, replica, ruler
 from lmk.eval.replicas import REPLICAS, Sizes, replica_fingerprint
 from lmk.run.environment import lock_hash
 
@@ -85,7 +86,15 @@ def fingerprints(sizes: Sizes | None = None) -> dict[str, str]:
         out[f"replica:{name}"] = replica_fingerprint(name, rep.splits(sizes))
     out["local:passkey"] = longembed.fingerprint(longembed.generate_passkey(LENGTHS))
     out["local:needle"] = longembed.fingerprint(longembed.generate_needle(LENGTHS))
-    return out
+    return {**out, **ruler_fingerprints()}
+
+
+def ruler_fingerprints() -> dict[str, str]:
+    """{"ruler:<variant>": fingerprint} of the RULER NIAH sets at the ruler-niah suite's sizes (conf/eval/ruler-niah.yaml:
+    512..16k, 110 documents and queries) over lmk's own essays (the Paul Graham essays are not shipped)."""
+    return {f"ruler:{v}": longembed.fingerprint(ruler.generate_ruler(
+        v, lengths=(512, 1024, 2048, 4096, 8192, 16384), n_docs=110, n_queries=110, haystack="lmk-essays"))
+        for v in RULER_VARIANTS}
 
 
 def pinned() -> dict[str, Any]:

@@ -128,6 +128,17 @@ def maxsim_scores(queries: Sequence[Any], documents: Sequence[Any], block_mb: fl
     return scores
 
 
+def maxsim_winners(query: Any, document: Any) -> tuple[np.ndarray, np.ndarray]:
+    """For one query against one document (each [n, H], normalised by the caller): per query vector, the index of the
+    document vector that wins its max and that max. Their sum is the pair's `maxsim_scores` entry: which landmark
+    of a document each query vector scores against (the notebook's per-landmark view)."""
+    (q,), (d,) = _as_tensors([query]), _as_tensors([document])
+    if len(q) == 0 or len(d) == 0:
+        raise ValueError("MaxSim needs at least one vector per text; a text has none")
+    best, index = (q @ d.T).max(dim=1)
+    return index.numpy(), best.numpy()
+
+
 class LmkMaxSimEncoder(MultiVectorSearchEncoderWrapper, LmkEncoder):
     """lmk's encoder as an mteb multi-vector search model: `_encode` gives each text's normalised states (documents:
     landmarks; queries: `query_states`), `similarity` is the exact blocked `maxsim_scores`."""

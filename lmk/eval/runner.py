@@ -255,6 +255,9 @@ def _evaluate_task(task: AbsTask, encoder: LmkEncoder, cache: mteb.ResultCache, 
     log.info("eval %s: %s=%.4f %s in %.1fs%s", name, summary["metric"], summary["main_score"],
              {k: round(v, 4) for k, v in summary["splits"].items()}, seconds,
              " (from cache)" if encoder.n_encode_calls == calls_before else speed)
+    info = task.data_info() if hasattr(task, "data_info") else {}
+    if info:
+        summary["data"] = info  # e.g. a RULER task's haystack and each query's needle depth
     landmarks = _task_landmarks(name, list(summary["splits"]), encoder, store)
     if landmarks:
         summary["landmarks"] = landmarks

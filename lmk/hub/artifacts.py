@@ -30,7 +30,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from lmk.config.data import LOCAL_SOURCE as LOCAL_DATA
 from lmk.config.data import is_named_source
-from lmk.config.eval import EvalConfig
+from lmk.config.eval import RULER_ESSAYS_REPO, EvalConfig
 from lmk.config.schema import UserError
 from lmk.config.schema import get_key as _get
 from lmk.hub import mirror
@@ -139,12 +139,16 @@ def _leaves(task: Any) -> list[Any]:
 
 
 def eval_artifacts(eval_cfg: Any) -> list[Artifact]:
-    """The hub datasets of an eval suite's mteb tasks (their published `metadata.dataset`)."""
-    names = [t for t in (_plain(_get(eval_cfg, "tasks")) or []) if t in hub_task_names()]
-    if not names:
-        return []
-    options = _plain(_get(eval_cfg, "task_options")) or {}
+    """The hub datasets of an eval suite's mteb tasks (their published `metadata.dataset`), and Paul Graham's essays
+    where the RULER tasks are to read them (`eval.ruler_haystack=paul-graham`; `auto` falls back to lmk's own)."""
+    tasks = _plain(_get(eval_cfg, "tasks")) or []
     out = []
+    if _get(eval_cfg, "ruler_haystack") == "paul-graham" and any(str(t).startswith("RulerNiah") for t in tasks):
+        out.append(Artifact("dataset", RULER_ESSAYS_REPO, what="the RULER NIAH haystack"))
+    names = [t for t in tasks if t in hub_task_names()]
+    if not names:
+        return out
+    options = _plain(_get(eval_cfg, "task_options")) or {}
     for name in names:
         leaves = _leaves(mteb.get_task(name))
         for leaf in leaves:
