@@ -34,8 +34,8 @@ from lmk.data.landmarks import TRAIN_ROWS, landmark_stats, training_landmarks
 from lmk.data.longdocs import build_longdoc_corpus
 from lmk.data.longembed import generate_needle, generate_passkey
 from lmk.data.offline_pairs import offline_short_corpus
-from lmk.data.prose import build_prose_corpus
 from lmk.data.pairs import load_pairs
+from lmk.data.prose import build_prose_corpus
 
 # the model's own landmark layout, not a second one (pyproject.toml declares this one import across the layer)
 from lmk.model.landmark.tokenization import LandmarkTokenizer
