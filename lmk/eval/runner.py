@@ -255,6 +255,8 @@ def _evaluate_task(task: AbsTask, encoder: LmkEncoder, cache: mteb.ResultCache, 
     log.info("eval %s: %s=%.4f %s in %.1fs%s", name, summary["metric"], summary["main_score"],
              {k: round(v, 4) for k, v in summary["splits"].items()}, seconds,
              " (from cache)" if encoder.n_encode_calls == calls_before else speed)
+    if isinstance(encoder, LmkMaxSimEncoder) and encoder.index_size(name):
+        summary["index"] = encoder.index_size(name)  # what a landmark index of these documents holds
     landmarks = _task_landmarks(name, list(summary["splits"]), encoder, store)
     if landmarks:
         summary["landmarks"] = landmarks
