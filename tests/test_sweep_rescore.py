@@ -137,3 +137,19 @@ def test_a_maxsim_row_is_scored_from_its_rows_checkpoint_without_training_again(
     assert "| LMK-fixed-32 (MaxSim) |" in md and "Index / doc" in md
     again = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0 and (again.stdout + again.stderr).count("skip (done, same config)") == 2
+
+
+def test_a_column_out_of_the_averages_leaves_them_as_they_were(tmp_path: Path) -> None:
+    """Table 2's prose column came after the mini table was pinned: `average: false` keeps every earlier cell."""
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump({"name": "t", "baseline": "cls", "rows": [
+        {"id": "cls", "label": "CLS", "overrides": ["pooling=cls"]}],
+        "scales": {"s": {"columns": [{"group": "a", "label": "A", "context": "long"},
+                                     {"group": "b", "label": "B", "context": "long", "average": False}]}}}))
+    folder = tmp_path / "sweep" / "train" / "cls"
+    update_results(folder, row="cls", status="done", config_hash="h", git_commit="abc",
+                   eval={"groups": {"a": 0.2, "b": 0.9}, "group_tasks": {"a": ["TaskA"], "b": ["TaskB"]}})
+    _, paths = aggregate(spec, "s", tmp_path / "sweep")
+    md = paths["md"].read_text()
+    assert "| Pooling | A | B | Avg long |" in md and "| CLS | **20.0** | **90.0** | **20.0** |" in md
+    assert "Not in the averages: B" in md

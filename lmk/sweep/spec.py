@@ -47,6 +47,9 @@ class Column:
     group: str
     label: str
     context: str
+    # false: the column is left out of the table's averages (a column added to a pinned table keeps every earlier
+    # cell, its averages included, as it was)
+    average: bool = True
 
 
 @dataclass
@@ -133,7 +136,8 @@ def load_spec(path: str | Path) -> TableSpec:
         scales = {}
         for name, s in raw["scales"].items():
             cols = [Column(group=str(c["group"]), label=str(c.get("label", c["group"])),
-                           context=str(c.get("context", "short"))) for c in s["columns"]]
+                           context=str(c.get("context", "short")), average=bool(c.get("average", True)))
+                    for c in s["columns"]]
             scales[name] = Scale(
                 name=name, columns=cols, train_overrides=list(s.get("train_overrides", [])),
                 zero_shot=bool(s.get("zero_shot", False)),

@@ -97,7 +97,7 @@ class Table:
 
     def column_keys(self) -> list[tuple[str, str]]:
         keys = [(c.group, c.label) for c in self.columns]
-        contexts = {c.context for c in self.columns}
+        contexts = {c.context for c in self.columns if c.average}
         for ctx in ("short", "long"):
             if ctx in contexts:
                 keys.append((f"avg-{ctx}", f"Avg {ctx}"))
@@ -283,8 +283,9 @@ def build_table(spec: TableSpec, scale_name: str, runs: dict[str, dict[str, RunR
                 _seed_stats(cell, rec, base, [col.group], spec.alpha, test)
                 cells[col.group] = cell
             prov = {k: getattr(cells[scale.columns[0].group], k) for k in ("run_dir", "git_commit", "config_hash")}
-            averages = {f"avg-{ctx}": [c.group for c in scale.columns if c.context == ctx] for ctx in ("short", "long")}
-            averages["avg"] = [c.group for c in scale.columns]
+            averaged = [c for c in scale.columns if c.average]
+            averages = {f"avg-{ctx}": [c.group for c in averaged if c.context == ctx] for ctx in ("short", "long")}
+            averages["avg"] = [c.group for c in averaged]
             for key, groups in averages.items():
                 if groups:
                     cells[key] = Cell(_mean([cells[g].value for g in groups]), **prov)
@@ -374,6 +375,10 @@ def to_markdown(table: Table) -> str:
     if seeds > 1:
         lines.append(f"Mean \u00b1 std over up to {seeds} seeds; {SEED_MARK}: differs from {table.baseline!r} "
                      f"over seeds (paired t-test, seed k vs seed k, p < {table.alpha}).")
+    apart = [c.label for c in table.columns if not c.average]
+    if apart:
+        lines.append(f"Not in the averages: {', '.join(apart)} (added after the averages were pinned; spec: "
+                     "`average: false`).")
     if table.index:
         lines.append(f"{INDEX_LABEL}: a MaxSim row's index, landmark vectors per document and their float32 KiB, "
                      "over the documents of the table's tasks (a single-vector row keeps one vector per document).")
