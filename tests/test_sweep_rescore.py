@@ -132,7 +132,9 @@ def test_a_maxsim_row_is_scored_from_its_rows_checkpoint_without_training_again(
     assert res["eval"]["scoring"] == "maxsim"
     index = res["eval"]["tasks"]["LocalShort"]["index"]
     assert index["documents"] == 24 and index["vectors_per_doc"] > 1  # landmark vectors, one per chunk
-    assert index["bytes_per_doc"] == round(index["vectors_per_doc"] * 384 * 4)
+    trained_cfg = read_results(out / "train" / "lmk-fixed-32")["config"]
+    hidden = trained_cfg["encoder"]["config_overrides"]["hidden_size"]  # table2-tiny's encoder width
+    assert index["bytes_per_doc"] == round(index["vectors"] / index["documents"] * hidden * 4)  # float32
     md = (out / "table2.md").read_text()
     assert "| LMK-fixed-32 (MaxSim) |" in md and "Index / doc" in md
     again = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=600)
