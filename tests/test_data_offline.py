@@ -107,3 +107,21 @@ def test_hub_loaders_offline_error_is_clear(monkeypatch):
         hub.load_mldr("en")
     with pytest.raises(ValueError, match="allowed values"):
         hub.load_longembed("nope")
+
+
+def test_prose_corpus_is_deterministic_long_and_each_answer_is_in_its_document_only():
+    from lmk.data import prose
+
+    c = prose.build_prose_corpus(n_docs=20, seed=1)
+    again = prose.build_prose_corpus(n_docs=20, seed=1)
+    assert c.corpus["id"] == again.corpus["id"] and c.queries["text"] == again.queries["text"]
+    assert prose.build_prose_corpus(n_docs=20, seed=2).corpus["id"] != c.corpus["id"]  # the seed picks the sample
+    assert c.corpus.num_rows == 20 and c.queries.num_rows == 20
+    assert min(len(t) for t in c.corpus["text"]) >= 2_000  # longer than the mini suite's 512 tokens
+    norm = {d: " ".join(t.lower().split()) for d, t in zip(c.corpus["id"], c.corpus["text"], strict=True)}
+    for q in c.queries:
+        (doc,) = c.relevant(q["id"])
+        s = " ".join(q["text"].lower().split())
+        assert [d for d, t in norm.items() if s in t] == [doc]  # a local span of its document, of no other
+    with pytest.raises(ValueError, match="allowed values: 1.."):
+        prose.build_prose_corpus(n_docs=10_000)

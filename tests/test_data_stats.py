@@ -49,3 +49,13 @@ def test_landmark_statistics_of_a_corpus_under_the_sentence_strategy(capsys):
     assert stats.main(["longdocs", "--sample", "5", "--pooling", "lmk-sentence"]) == 0
     text = capsys.readouterr().out
     assert "lmk-sentence:" in text and "split_replaced_share:" in text and "single_landmark_share:" in text
+
+
+def test_the_sentence_strategy_keeps_its_sentences_on_the_prose_task(capsys):
+    """The prose task is where the authors' evaluation rule (a split keeping under 90% of the characters becomes the
+    whole text) leaves the split alone: many landmarks per document at evaluation, not the one of the code task."""
+    assert stats.main(["prose", "--json", "--sample", "20", "--pooling", "lmk-sentence",
+                       "--passage-max-length", "512"]) == 0
+    doc = json.loads(capsys.readouterr().out)["landmarks"]["lmk-sentence"]["minilm"]["LocalProse/test"]["doc"]
+    assert doc["split_replaced_share"] == 0.0 and doc["single_landmark_share"] == 0.0
+    assert doc["landmarks"]["min"] > 1 and doc["landmarks"]["mean"] > 10

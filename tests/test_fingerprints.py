@@ -19,7 +19,7 @@ from lmk.sweep.provenance import provenance_lines
 
 def test_every_set_has_a_pin_and_the_resource_only_sets_match_it() -> None:
     pins = fp.pinned()
-    assert set(pins["data"]) == {"offline-pairs", "bge-full-data-replica", "local:passkey", "local:needle",
+    assert set(pins["data"]) == {"offline-pairs", "bge-full-data-replica", "local:passkey", "local:needle", "local:prose",
                                  *(f"replica:{t}" for t in REPLICAS), *(f"ruler:{v}" for v in RULER_VARIANTS)}
     # built from lmk/resources only: the same on every machine, whatever the environment
     assert longembed.fingerprint(longembed.generate_passkey(LENGTHS)) == pins["data"]["local:passkey"]

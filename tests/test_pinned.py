@@ -41,8 +41,12 @@ def test_every_scale_of_the_spec_but_paper_is_pinned_with_every_row(pins):
 
     spec = yaml.safe_load(SPEC.read_text())
     required = [r["id"] for r in spec["rows"] if not r.get("optional")]
-    for scale in ("tiny", "mini", "rehearsal"):
-        assert sorted(pins[scale]) == sorted(required), scale
+    trained = [r["id"] for r in spec["rows"] if not r.get("optional") and not r.get("scoring_of")]
+    assert sorted(pins["tiny"]) == sorted(required)
+    # the MaxSim rows (scoring_of) came later: at mini and rehearsal every trained row is pinned, a MaxSim row once
+    # it has been measured there
+    for scale in ("mini", "rehearsal"):
+        assert set(trained) <= set(pins[scale]) <= set(required), scale
 
 
 def test_the_results_history_names_the_pinned_fingerprint():

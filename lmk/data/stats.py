@@ -1,7 +1,7 @@
 """`python -m lmk.data.stats TARGET`: check a data set before a long run.
 
 TARGET is a training source (a .jsonl / .jsonl.gz / .parquet path, ``local`` for the offline default set,
-or a hub id) or a retrieval corpus name (``passkey``, ``needle``, ``longdocs``, ``short``). Prints rows,
+or a hub id) or a retrieval corpus name (``passkey``, ``needle``, ``longdocs``, ``prose``, ``short``). Prints rows,
 positives / negatives per query, whether teacher scores are present, and token-length percentiles of
 queries / positives / negatives (or corpus documents) per tokenizer (MiniLM's by default; add others with
 ``--tokenizer PATH_OR_ID``, repeatable). ``--json`` prints one JSON object instead.
@@ -35,11 +35,12 @@ from lmk.data.longdocs import build_longdoc_corpus
 from lmk.data.longembed import generate_needle, generate_passkey
 from lmk.data.offline_pairs import offline_short_corpus
 from lmk.data.pairs import load_pairs
+from lmk.data.prose import build_prose_corpus
 
 # the model's own landmark layout, not a second one (pyproject.toml declares this one import across the layer)
 from lmk.model.landmark.tokenization import LandmarkTokenizer
 
-CORPORA = ("passkey", "needle", "longdocs", "short")
+CORPORA = ("passkey", "needle", "longdocs", "prose", "short")
 PERCENTILES = (50, 90, 99)
 
 
@@ -159,6 +160,8 @@ def load_target(target: str, max_rows: int | None, cache_dir: str | None) -> tup
         return "corpora", generate_needle()
     if target == "longdocs":
         return "corpora", {"test": build_longdoc_corpus()}
+    if target == "prose":
+        return "corpora", {"test": build_prose_corpus()}
     if target == "short":
         return "corpora", {"test": offline_short_corpus(cache_dir=cache_dir, max_rows=max_rows)}
     return "pairs", load_pairs(target, max_rows=max_rows, cache_dir=cache_dir)

@@ -2,8 +2,8 @@
 
 The rehearsal and mini scales read no downloaded data: their training pairs (`lmk.data.offline_pairs`, the
 `cfli/bge-full-data` replica of `lmk.data.replica`), eval replicas (`lmk.eval.replicas`) and local tasks
-(passkey / needle of `lmk.data.longembed`, the long documents of `lmk.data.longdocs`, RULER NIAH of
-`lmk.data.ruler`) are built here, some
+(passkey / needle of `lmk.data.longembed`, the long documents of `lmk.data.longdocs` and `lmk.data.prose`, RULER
+NIAH of `lmk.data.ruler`) are built here, some
 from the text of installed packages (the standard library, numpy, scipy, pandas, scikit-learn). Two machines
 get the same table only when they build the same data, so:
 
@@ -33,7 +33,7 @@ import pyarrow.parquet as pq
 from numpy._core import _multiarray_umath as umath
 
 from lmk.config.eval import LENGTHS, RULER_VARIANTS
-from lmk.data import longembed, offline_pairs, replica, ruler
+from lmk.data import longembed, offline_pairs, prose, replica, ruler
 from lmk.eval.replicas import REPLICAS, Sizes, replica_fingerprint
 from lmk.run.environment import lock_hash
 
@@ -42,7 +42,10 @@ PINNED = "data_fingerprints.json"
 FROM_PACKAGES = ("offline-pairs", "bge-full-data-replica", "replica:SciFact", "replica:MSMARCO", "replica:ArguAna",
                  "replica:CQADupstackUnixRetrieval", "replica:AppsRetrieval", "replica:MultiLongDocRetrieval",
                  "replica:LEMBNarrativeQARetrieval", "replica:LEMBQMSumRetrieval",
-                 "replica:LEMBSummScreenFDRetrieval", "replica:LEMBWikimQARetrieval")
+                 "replica:LEMBSummScreenFDRetrieval", "replica:LEMBWikimQARetrieval", "local:prose")
+
+
+PROSE_DOCS = 50  # conf/eval/table2-mini.yaml's longdoc_n_docs
 
 
 def cpu_simd() -> list[str]:
@@ -78,7 +81,7 @@ def _rows_hash(folder: Path) -> str:
 def fingerprints(sizes: Sizes | None = None) -> dict[str, str]:
     """{set name: content fingerprint} of every generated set at the sizes the offline scales use: the
     training pairs, the bge-full-data replica, each eval replica (the rehearsal's `hub_mirror.replicas`) and
-    the mini suite's passkey / needle sets (all `LENGTHS`)."""
+    the mini suite's passkey / needle sets (all `LENGTHS`) and its prose task."""
     sizes = sizes or Sizes()
     out = {"offline-pairs": _rows_hash(offline_pairs.ensure_offline_pairs()),
            "bge-full-data-replica": _rows_hash(replica.replica_folder("bge-full-data"))}
@@ -86,6 +89,8 @@ def fingerprints(sizes: Sizes | None = None) -> dict[str, str]:
         out[f"replica:{name}"] = replica_fingerprint(name, rep.splits(sizes))
     out["local:passkey"] = longembed.fingerprint(longembed.generate_passkey(LENGTHS))
     out["local:needle"] = longembed.fingerprint(longembed.generate_needle(LENGTHS))
+    # the prose task at the mini suite's size (its text is the interpreter's own reference: Python's version pins it)
+    out["local:prose"] = longembed.fingerprint({0: prose.build_prose_corpus(n_docs=PROSE_DOCS)})
     return {**out, **ruler_fingerprints()}
 
 

@@ -150,6 +150,8 @@ class LmkMaxSimEncoder(MultiVectorSearchEncoderWrapper, LmkEncoder):
             raise NoLandmarksError(why)
         self.query_states, self.block_mb = query_states, block_mb
         self.search_seconds = 0.0  # MaxSim scoring time (the dry run's search cost beside the encode cost)
+        # the index a task's documents make: task -> [documents, landmark vectors] encoded (results.json "index")
+        self.index_counts: dict[str, list[int]] = {}
         super().__init__(model, *args, **kwargs)
         # the documents encoded and held at once (mteb's corpus chunk): as many as fit the same memory limit at the most
         # landmarks a document can have, not mteb's 50,000
@@ -190,11 +192,25 @@ class LmkMaxSimEncoder(MultiVectorSearchEncoderWrapper, LmkEncoder):
         self.n_texts += len(texts)
         self.n_truncated += int(getattr(self.model, "truncation_count", 0))
         vectors = sum(len(s) for s in states)
+        if side == "passage":
+            counts = self.index_counts.setdefault(task_metadata.name, [0, 0])
+            counts[0] += len(texts)
+            counts[1] += vectors
         logger.info("eval %s [%s/%s] %s: %d texts -> %d %s vectors (%.1f per text, %.0f bytes per text) in %.1fs",
                     task_metadata.name, hf_split, hf_subset, side, len(texts), vectors, which,
                     vectors / max(len(texts), 1), vectors * self.model.hidden_size * _BYTES / max(len(texts), 1),
                     time.perf_counter() - start)
         return states
+
+    def index_size(self, task: str) -> dict[str, Any] | None:
+        """The index of `task`'s documents as encoded here: documents, landmark vectors per document and float32 bytes
+        per document (None when none were encoded, e.g. scores read from the cache)."""
+        docs, vectors = self.index_counts.get(task, (0, 0))
+        if not docs:
+            return None
+        per_doc = vectors / docs
+        return {"documents": docs, "vectors": vectors, "vectors_per_doc": round(per_doc, 2),
+                "bytes_per_doc": round(per_doc * self.model.hidden_size * _BYTES), "dtype": "float32"}
 
     def similarity(self, embeddings1: Any, embeddings2: Any) -> torch.Tensor:
         start = time.perf_counter()

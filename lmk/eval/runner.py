@@ -258,6 +258,8 @@ def _evaluate_task(task: AbsTask, encoder: LmkEncoder, cache: mteb.ResultCache, 
     info = task.data_info() if hasattr(task, "data_info") else {}
     if info:
         summary["data"] = info  # e.g. a RULER task's haystack and each query's needle depth
+    if isinstance(encoder, LmkMaxSimEncoder) and encoder.index_size(name):
+        summary["index"] = encoder.index_size(name)  # what a landmark index of these documents holds
     landmarks = _task_landmarks(name, list(summary["splits"]), encoder, store)
     if landmarks:
         summary["landmarks"] = landmarks

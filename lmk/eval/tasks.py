@@ -25,7 +25,7 @@ from mteb.tasks.retrieval.eng.lemb_needle_retrieval import LEMBNeedleRetrieval
 from mteb.tasks.retrieval.eng.lemb_passkey_retrieval import LEMBPasskeyRetrieval
 
 from lmk.config.eval import EvalConfig
-from lmk.data import longdocs, longembed, offline_pairs, ruler
+from lmk.data import longdocs, longembed, offline_pairs, prose, ruler
 from lmk.data.retrieval import RetrievalCorpus
 
 logger = logging.getLogger(__name__)
@@ -209,6 +209,22 @@ class LocalLongDoc(_InMemoryRetrieval):
     @classmethod
     def splits(cls, cfg: EvalConfig) -> dict[str, RetrievalCorpus]:
         return {"test": longdocs.build_longdoc_corpus(n_docs=cfg.longdoc_n_docs, seed=cfg.seed)}
+
+
+@local_task
+class LocalProse(_InMemoryRetrieval):
+    """Offline long-document task of natural prose: a sentence -> its part of Python's reference topics, nDCG@10."""
+
+    metadata = _local_metadata(
+        "LocalProse",
+        "Offline long-document retrieval over prose built by lmk.data.prose: a sentence of Python's reference "
+        "documentation (pydoc_data.topics, shipped with the interpreter) retrieves the topic part it is in.",
+        ["Programming", "Written"],
+    )
+
+    @classmethod
+    def splits(cls, cfg: EvalConfig) -> dict[str, RetrievalCorpus]:
+        return {"test": prose.build_prose_corpus(n_docs=cfg.longdoc_n_docs, seed=cfg.seed)}
 
 
 @local_task

@@ -7,6 +7,8 @@
    scale's launcher: local, or SLURM via submitit) into `<out>/train/<row>/`;
 3. optionally evaluates each pooling on the untrained encoder (`<out>/zeroshot/<row>/`);
 4. at scales with an eval stage, evaluates every trained row per shard of the suite (`lmk.sweep.eval_stage`);
+   rows with `scoring_of` (e.g. the MaxSim rows) evaluate their trained row's model under their own evaluation
+   settings into `<out>/rescore/<row>/`: nothing is trained twice;
 5. aggregates `results.json` files into `<out>/table2.{md,tex,csv,json,png}` and prints the Markdown.
 
 The jobs of every block come from `lmk.sweep.jobs`. Re-running skips rows whose results exist with the same
@@ -36,10 +38,19 @@ from lmk.hub import mirror
 from lmk.run import faults
 from lmk.run.cli import full_errors, report
 from lmk.run.results import STATUS_DONE, Results
-from lmk.sweep.eval_stage import run_stage
-from lmk.sweep.jobs import Block, job_id, train_block, zeroshot_block
+from lmk.run.umask_files import write_json
+from lmk.sweep.eval_stage import run_stage, trained_fingerprint
+from lmk.sweep.jobs import (
+    Block,
+    job_id,
+    rescore_block,
+    scoring_rows,
+    train_block,
+    trained_rows,
+    zeroshot_block,
+)
 from lmk.sweep.publish import publish_rows, push_target
-from lmk.sweep.spec import Row, Scale, SpecError, TableSpec, load_spec, validate_spec
+from lmk.sweep.spec import RESCORE, Row, Scale, SpecError, TableSpec, load_spec, validate_spec
 
 # Each entry point's check before compute, run by the row sweeper on every job before the sweep launches.
 VALIDATORS = {"lmk.train": "lmk.train.command.validate_job", "lmk.evaluate": "lmk.eval.command.validate_config"}
@@ -170,6 +181,42 @@ def _run_training_blocks(sweep: Sweep, hub: list[str]) -> tuple[int, int | None]
     return failures, None
 
 
+def _run_rescore(sweep: Sweep, hub: list[str]) -> int:
+    """The `scoring_of` rows: each trained row's model evaluated again under the row's evaluation settings (e.g.
+    eval.scoring=maxsim) into `<out>/rescore/<row>`, nothing trained. Returns the number of failures."""
+    rows = scoring_rows(sweep.rows)
+    if not rows:
+        return 0
+    if sweep.seeds:
+        print(f"[lmk.sweep] --seeds: the rows scored from another row's model ({', '.join(r.id for r in rows)}) are "
+              "evaluated for the unseeded sweep only; not run", file=sys.stderr)
+        return 0
+    train_dir, folder = sweep.out / "train", sweep.out / RESCORE
+    if sweep.args.dry_run:
+        block = rescore_block(sweep.scale, sweep.rows, train_dir, hub)
+        if block is None:
+            return 0
+        folder.mkdir(parents=True, exist_ok=True)
+        write_json(folder / "jobs.json", {"jobs": [{"row": j.row, "overrides": list(j.overrides)} for j in block.jobs()]})
+        print(f"[lmk.sweep] {len(block.rows)} rows scored from trained rows' models (nothing trained): jobs in "
+              f"{folder / 'jobs.json'}", flush=True)
+        return 0
+    fingerprints = {str(r.scoring_of): trained_fingerprint(train_dir / str(r.scoring_of)) for r in rows}
+    untrained = sorted(row for row, fp in fingerprints.items() if fp is None)
+    if untrained:
+        print(f"[lmk.sweep] rows whose trained model is missing (their scoring_of rows not evaluated): "
+              f"{', '.join(untrained)}", file=sys.stderr)
+    block = rescore_block(sweep.scale, sweep.rows, train_dir, hub, fingerprints)
+    if block is None:
+        return int(bool(untrained))
+    cmd = sweep_command(block, folder, sweep.scale, f"{sweep.group}-{RESCORE}", sweep.args.force, False)
+    failures = int(bool(untrained))
+    if run_block(cmd, sweep.scale.env) != 0:
+        print(f"[lmk.sweep] {RESCORE} sweep failed; see the error above", file=sys.stderr)
+        failures += 1
+    return failures
+
+
 def _table_to_wandb(sweep: Sweep, table: Any) -> None:
     """With W&B on for the sweep's runs, the table also goes to a run of their group (one line says where)."""
     # fast path: wandb loads only once the sweep ran with it
@@ -228,7 +275,8 @@ def refused(sweep: Sweep, show: bool) -> bool:
     from lmk.sweep.cost import check_sweep
 
     stages = ("train", "eval") if sweep.args.stage == "all" else (sweep.args.stage,)
-    refusals = check_sweep(sweep.args.spec, sweep.args.scale, [r.id for r in sweep.rows], sweep.args.throughput,
+    refusals = check_sweep(sweep.args.spec, sweep.args.scale, [r.id for r in trained_rows(sweep.rows)],
+                           sweep.args.throughput,
                            stages, show=show, launcher=sweep.args.launcher)
     for line in refusals:
         print(f"[lmk.sweep] refused before launch: {line}", file=sys.stderr, flush=True)
@@ -272,9 +320,11 @@ def main(argv: list[str] | None = None) -> int:
             return stop
     if sweep.scale.eval_stage and args.stage in ("all", "eval"):
         # with --seeds every seed's trained run (train/<row>/seed<k>) is evaluated
-        trained = [job_id(r.id, s) for r in sweep.rows for s in (sweep.seeds or [None])]
+        trained = [job_id(r.id, s) for r in trained_rows(sweep.rows) for s in (sweep.seeds or [None])]
         failures += run_stage(sweep.scale, trained, sweep.out, f"{sweep.group}-eval", args.force, args.dry_run,
                               sweep_command, run_block, hub, {r.id: r.eval_overrides for r in sweep.rows})
+    if args.stage in ("all", "eval"):
+        failures += _run_rescore(sweep, hub)
     if args.dry_run:
         for name in ("train", "zeroshot"):
             if (sweep.out / name / "jobs.json").is_file():

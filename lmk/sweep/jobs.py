@@ -20,7 +20,7 @@ from omegaconf import DictConfig
 
 from lmk.config import CONF_DIR
 from lmk.config.eval import EvalConfig
-from lmk.sweep.spec import Row, Scale
+from lmk.sweep.spec import RESCORE, Row, Scale, experiment_eval
 
 ENTRY_CONFIG = {"lmk.train": "train", "lmk.evaluate": "evaluate"}  # entry point -> its root config (conf/)
 SHARD_BY = ("group", "task")
@@ -74,22 +74,61 @@ def compose_config(entry: str, overrides: Sequence[str]) -> DictConfig:
         return compose(ENTRY_CONFIG[entry], overrides=list(overrides))
 
 
+def trained_rows(rows: Sequence[Row]) -> list[Row]:
+    """The rows that train a model (a `scoring_of` row evaluates another row's)."""
+    return [r for r in rows if r.scoring_of is None]
+
+
+def scoring_rows(rows: Sequence[Row]) -> list[Row]:
+    """The `scoring_of` rows whose trained row is among `rows` (each evaluates that row's model, nothing trained)."""
+    ids = {r.id for r in trained_rows(rows)}
+    return [r for r in rows if r.scoring_of is not None and r.scoring_of in ids]
+
+
 def zero_shot_rows(rows: Sequence[Row]) -> list[Row]:
     # lmk-variable only differs from lmk-fixed at training time; untrained it IS lmk-fixed-32.
-    return [r for r in rows if r.pooling != "lmk-variable"]
+    return [r for r in trained_rows(rows) if r.pooling != "lmk-variable"]
 
 
 def train_block(scale: Scale, rows: Sequence[Row], hub: Sequence[str] = (), seeds: Sequence[int] | None = None
                 ) -> Block:
-    return Block("train", "lmk.train", (*scale.train_overrides, *hub), {r.id: list(r.overrides) for r in rows},
-                 tuple(seeds) if seeds else None)
+    return Block("train", "lmk.train", (*scale.train_overrides, *hub),
+                 {r.id: list(r.overrides) for r in trained_rows(rows)}, tuple(seeds) if seeds else None)
 
 
 def zeroshot_block(scale: Scale, rows: Sequence[Row], hub: Sequence[str] = ()) -> Block | None:
+    """The untrained encoder per row; a `scoring_of` row scores its row's untrained model its own way."""
     if not scale.zero_shot:
         return None
-    return Block("zeroshot", "lmk.evaluate", (*scale.zero_shot_overrides, *hub),
-                 {r.id: list(r.overrides) for r in zero_shot_rows(rows)})
+    untrained = {r.id: list(r.overrides) for r in zero_shot_rows(rows)}
+    untrained.update({r.id: [*untrained[str(r.scoring_of)], *r.overrides] for r in scoring_rows(rows)
+                      if r.scoring_of in untrained})
+    return Block("zeroshot", "lmk.evaluate", (*scale.zero_shot_overrides, *hub), untrained)
+
+
+def suite_overrides(scale: Scale, hub: Sequence[str] = ()) -> list[str]:
+    """The overrides that give an `lmk.evaluate` job the suite the scale's trained rows are evaluated on: the eval
+    stage's, or the suite the training jobs evaluate in training (their experiment's)."""
+    if scale.eval_stage:
+        return stage_overrides(scale, hub)
+    suite = experiment_eval(scale)
+    return [*([f"eval={suite}"] if suite else []), *hub]
+
+
+def rescore_block(scale: Scale, rows: Sequence[Row], train_dir: Path, hub: Sequence[str] = (),
+                  fingerprints: Mapping[str, str | None] | None = None) -> Block | None:
+    """One `lmk.evaluate` job per `scoring_of` row: the trained model of its row (`<train_dir>/<row>`), the scale's
+    suite, the row's evaluation overrides. With `fingerprints` (trained row -> model fingerprint, None: not trained),
+    each job is tagged with its model, so a retrained row is scored again and a finished one is skipped."""
+    jobs: dict[str, list[str]] = {}
+    for row in scoring_rows(rows):
+        trained = str(row.scoring_of)
+        fp = (fingerprints or {}).get(trained)
+        if fingerprints is not None and fp is None:
+            continue
+        jobs[row.id] = [f"model={train_dir / trained}", *row.overrides,
+                        *([f"++model_fingerprint={fp}"] if fp else []), f"++train_row={trained}"]
+    return Block(RESCORE, "lmk.evaluate", tuple(suite_overrides(scale, hub)), jobs) if jobs else None
 
 
 def stage_overrides(scale: Scale, hub: Sequence[str] = ()) -> list[str]:
@@ -158,6 +197,7 @@ def plan(scale: Scale, rows: Sequence[Row], out: Path, *, hub: Sequence[str] = (
          zero_shot: bool = True, fingerprints: Mapping[str, str | None] | None = None) -> list[Block]:
     """Every block of a sweep of `scale` into `out` (train, zero-shot, eval stage), in launch order."""
     blocks: list[Any] = [train_block(scale, rows, hub, seeds), zeroshot_block(scale, rows, hub) if zero_shot else None]
-    trained = [job_id(r.id, s) for r in rows for s in (seeds or [None])]
+    trained = [job_id(r.id, s) for r in trained_rows(rows) for s in (seeds or [None])]
     blocks.append(eval_block(scale, trained, out / "train", hub, fingerprints, {r.id: r.eval_overrides for r in rows}))
+    # the rescore block (`rescore_block`) is not here: it evaluates trained models, and loads what their suite does
     return [b for b in blocks if b is not None]

@@ -16,6 +16,7 @@ import yaml
 from lmk.config import CONF_DIR, UserError
 
 CONTEXTS = ("short", "long")
+RESCORE = "rescore"  # the block (and sweep sub-folder) of the rows scored from another row's model (`scoring_of`)
 
 
 class SpecError(UserError, ValueError):
@@ -28,6 +29,9 @@ class Row:
     label: str
     overrides: tuple[str, ...]
     optional: bool = False
+    # another row's id: this row trains nothing; it evaluates that row's trained model with its own `overrides`
+    # (evaluation settings only, e.g. eval.scoring=maxsim): one checkpoint, two scorings
+    scoring_of: str | None = None
 
     @property
     def eval_overrides(self) -> list[str]:
@@ -49,6 +53,9 @@ class Column:
     group: str
     label: str
     context: str
+    # false: the column is left out of the table's averages (a column added to a pinned table keeps every earlier
+    # cell, its averages included, as it was)
+    average: bool = True
 
 
 @dataclass
@@ -104,6 +111,9 @@ class TableSpec:
         keep_optional = scale.include_optional if with_optional is None else with_optional
         return [r for r in self.rows if keep_optional or not r.optional]
 
+    def row(self, row_id: str) -> Row:
+        return next(r for r in self.rows if r.id == row_id)
+
     def scale(self, name: str) -> Scale:
         if name not in self.scales:
             raise SpecError(f"unknown scale {name!r}; the spec defines: {', '.join(self.scales)}")
@@ -127,11 +137,13 @@ def load_spec(path: str | Path) -> TableSpec:
     try:
         rows = [Row(id=str(r["id"]), label=str(r.get("label", r["id"])),
                     overrides=tuple(str(o) for o in r.get("overrides", [])),
-                    optional=bool(r.get("optional", False))) for r in raw["rows"]]
+                    optional=bool(r.get("optional", False)),
+                    scoring_of=str(r["scoring_of"]) if r.get("scoring_of") is not None else None) for r in raw["rows"]]
         scales = {}
         for name, s in raw["scales"].items():
             cols = [Column(group=str(c["group"]), label=str(c.get("label", c["group"])),
-                           context=str(c.get("context", "short"))) for c in s["columns"]]
+                           context=str(c.get("context", "short")), average=bool(c.get("average", True)))
+                    for c in s["columns"]]
             scales[name] = Scale(
                 name=name, columns=cols, train_overrides=list(s.get("train_overrides", [])),
                 zero_shot=bool(s.get("zero_shot", False)),
@@ -189,6 +201,9 @@ def validate_spec(spec: TableSpec, scale_name: str, conf_dir: Path = CONF_DIR,
     scale = spec.scale(scale_name)
     poolings = group_options(conf_dir, "pooling")
     for row in spec.rows_for(scale, with_optional):
+        if row.scoring_of is not None:
+            check_scoring_row(spec, row, conf_dir)
+            continue
         if row.pooling is None:
             raise SpecError(f"row {row.id!r} has no pooling=... override; poolings: {', '.join(poolings)}")
         if row.pooling not in poolings:
@@ -204,3 +219,25 @@ def validate_spec(spec: TableSpec, scale_name: str, conf_dir: Path = CONF_DIR,
             if col.group not in groups:
                 raise SpecError(f"scale {scale_name!r}: column {col.group!r} is not an eval group of suite "
                                 f"{eval_name!r}{_closest(col.group, groups)}; valid: {', '.join(groups)}")
+
+
+def pooler_of(pooling: str, conf_dir: Path = CONF_DIR) -> str:
+    """The pooler a `conf/pooling/` option uses (lmk: landmark states, which MaxSim scores)."""
+    data = yaml.safe_load((conf_dir / "pooling" / f"{pooling}.yaml").read_text()) or {}
+    return str(data.get("pooler", "lmk"))
+
+
+def check_scoring_row(spec: TableSpec, row: Row, conf_dir: Path = CONF_DIR) -> None:
+    """A `scoring_of` row: it names a trained row of the spec with landmarks, and changes evaluation settings only."""
+    ids = [r.id for r in spec.rows if r.scoring_of is None]
+    if row.scoring_of not in ids:
+        raise SpecError(f"row {row.id!r}: scoring_of={row.scoring_of!r} is not a trained row{_closest(str(row.scoring_of), ids)}"
+                        f"; trained rows: {', '.join(ids)}")
+    bad = [o for o in row.overrides if not o.lstrip("+~").startswith("eval.")]
+    if bad:
+        raise SpecError(f"row {row.id!r}: a scoring_of row evaluates {row.scoring_of!r}'s trained model, so its overrides "
+                        f"are evaluation settings (eval.*) only; move {bad} to a row of its own")
+    sibling = spec.row(row.scoring_of).pooling
+    if "eval.scoring=maxsim" in row.overrides and sibling is not None and pooler_of(sibling, conf_dir) != "lmk":
+        raise SpecError(f"row {row.id!r}: eval.scoring=maxsim scores landmark states, and {row.scoring_of!r} (pooling "
+                        f"{sibling!r}) has none; name an LMK row in scoring_of")

@@ -30,7 +30,7 @@ from lmk.run.results import STATUS_DONE, Results
 from lmk.run.umask_files import write_json
 from lmk.sweep.collapse import collapse_notes, collapsed_columns
 from lmk.sweep.provenance import provenance_lines
-from lmk.sweep.spec import Column, Row, TableSpec, load_spec
+from lmk.sweep.spec import RESCORE, Column, Row, TableSpec, load_spec
 
 log = logging.getLogger(__name__)
 BLOCKS = ("train", "zeroshot")  # sub-folders of a sweep folder: fine-tuned rows, untrained rows
@@ -61,6 +61,7 @@ class RunRecord:
     # seed -> group scores of each finished seed run (several only for a row run with --seeds)
     seed_groups: dict[int, dict[str, float]] = field(default_factory=dict)
     landmarks: dict[str, Any] = field(default_factory=dict)  # task -> its eval landmark statistics per split
+    index: dict[str, Any] = field(default_factory=dict)  # task -> its MaxSim index (documents, vectors, bytes)
 
 
 @dataclass
@@ -88,10 +89,15 @@ class Table:
     baseline: str
     alpha: float
     notes: list[str] = field(default_factory=list)  # rows whose evaluation collapses (lmk.sweep.collapse)
+    # block -> row id -> its index per document as printed (MaxSim rows: landmark vectors and bytes per document)
+    index: dict[str, dict[str, str]] = field(default_factory=dict)
+
+    def index_cell(self, block: str, row: str) -> str:
+        return self.index.get(block, {}).get(row, "-")
 
     def column_keys(self) -> list[tuple[str, str]]:
         keys = [(c.group, c.label) for c in self.columns]
-        contexts = {c.context for c in self.columns}
+        contexts = {c.context for c in self.columns if c.average}
         for ctx in ("short", "long"):
             if ctx in contexts:
                 keys.append((f"avg-{ctx}", f"Avg {ctx}"))
@@ -120,7 +126,8 @@ def collect_runs(folder: Path) -> dict[str, RunRecord]:
                         per_query=per_query,
                         group_tasks=ev.group_tasks or results.section("eval").get("groups") or {},
                         seed=results.config.get("seed"),
-                        landmarks={t: e["landmarks"] for t, e in ev.tasks.items() if e.get("landmarks")})
+                        landmarks={t: e["landmarks"] for t, e in ev.tasks.items() if e.get("landmarks")},
+                        index={t: e["index"] for t, e in ev.tasks.items() if e.get("index")})
         key = (row, rec.seed)
         if key in records:
             other = records[key]
@@ -217,6 +224,22 @@ def _seed_stats(cell: Cell, rec: RunRecord, base: RunRecord | None, groups: list
         cell.significant_seeds = cell.p_value_seeds is not None and cell.p_value_seeds < alpha
 
 
+INDEX_LABEL = "Index / doc"
+
+
+def index_size(rec: RunRecord, columns: list[Column]) -> str | None:
+    """A MaxSim row's index per document over the tasks of `columns`: landmark vectors per document and their
+    float32 KiB (None for a row without a recorded index, e.g. single-vector scoring)."""
+    tasks = {t for c in columns for t in rec.group_tasks.get(c.group, [])}
+    entries = [rec.index[t] for t in sorted(tasks) if t in rec.index]
+    docs = sum(int(e["documents"]) for e in entries)
+    if not docs:
+        return None
+    vectors = sum(int(e["vectors"]) for e in entries) / docs
+    kib = sum(float(e["bytes_per_doc"]) * int(e["documents"]) for e in entries) / docs / 1024
+    return f"{vectors:.1f} ({kib:.1f} KiB)"
+
+
 def _mean(values: list[float | None]) -> float | None:
     vals = [v for v in values if v is not None]
     return sum(vals) / len(vals) if vals and len(vals) == len(values) else None
@@ -228,6 +251,7 @@ def build_table(spec: TableSpec, scale_name: str, runs: dict[str, dict[str, RunR
     rows = rows if rows is not None else spec.rows_for(scale)
     blocks: dict[str, dict[str, dict[str, Cell]]] = {}
     collapsed: dict[str, dict[str, float]] = {}  # row label -> columns whose eval documents keep one landmark
+    index: dict[str, dict[str, str]] = {}
     for block, records in runs.items():
         if not records:
             continue
@@ -241,6 +265,9 @@ def build_table(spec: TableSpec, scale_name: str, runs: dict[str, dict[str, RunR
             if rec is not None and rec.status == STATUS_DONE:
                 label = row.label if block == BLOCKS[0] else f"{row.label} ({block})"
                 collapsed[label] = collapsed_columns(rec.landmarks, rec.group_tasks, scale.columns)
+                size = index_size(rec, scale.columns)
+                if size is not None:
+                    index.setdefault(block, {})[row.id] = size
             for col in scale.columns:
                 if rec is None or rec.status != STATUS_DONE:
                     # a failed row keeps its provenance: its results.json names the commit and config hash
@@ -256,8 +283,9 @@ def build_table(spec: TableSpec, scale_name: str, runs: dict[str, dict[str, RunR
                 _seed_stats(cell, rec, base, [col.group], spec.alpha, test)
                 cells[col.group] = cell
             prov = {k: getattr(cells[scale.columns[0].group], k) for k in ("run_dir", "git_commit", "config_hash")}
-            averages = {f"avg-{ctx}": [c.group for c in scale.columns if c.context == ctx] for ctx in ("short", "long")}
-            averages["avg"] = [c.group for c in scale.columns]
+            averaged = [c for c in scale.columns if c.average]
+            averages = {f"avg-{ctx}": [c.group for c in averaged if c.context == ctx] for ctx in ("short", "long")}
+            averages["avg"] = [c.group for c in averaged]
             for key, groups in averages.items():
                 if groups:
                     cells[key] = Cell(_mean([cells[g].value for g in groups]), **prov)
@@ -268,7 +296,7 @@ def build_table(spec: TableSpec, scale_name: str, runs: dict[str, dict[str, RunR
         blocks[block] = table_rows
     table = Table(title=spec.title, columns=scale.columns, blocks=blocks,
                   labels={r.id: r.label for r in rows}, baseline=spec.baseline, alpha=spec.alpha,
-                  notes=collapse_notes(collapsed))
+                  notes=collapse_notes(collapsed), index=index)
     for block_rows in table.blocks.values():
         for key, _ in table.column_keys():
             # Compare the printed values (x100, 1 decimal): two cells that read the same are both bold.
@@ -332,10 +360,12 @@ def to_markdown(table: Table) -> str:
     for block, rows in table.blocks.items():
         lines.append(f"*{BLOCK_TITLES.get(block, block)}*")
         lines.append("")
-        lines.append("| Pooling | " + " | ".join(label for _, label in keys) + " |")
-        lines.append("|---|" + "---:|" * len(keys))
+        extra = [INDEX_LABEL] if table.index else []  # only a table with MaxSim rows has an index column
+        lines.append("| Pooling | " + " | ".join([label for _, label in keys] + extra) + " |")
+        lines.append("|---|" + "---:|" * (len(keys) + len(extra)))
         for row_id, cells in rows.items():
             vals = [_fmt(cells.get(k), ("**", "**")) for k, _ in keys]
+            vals += [table.index_cell(block, row_id)] if extra else []
             lines.append(f"| {table.labels.get(row_id, row_id)} | " + " | ".join(vals) + " |")
         lines.append("")
     lines.append(f"Bold: best per column. {SIG_MARK}: differs from {table.baseline!r} "
@@ -345,6 +375,13 @@ def to_markdown(table: Table) -> str:
     if seeds > 1:
         lines.append(f"Mean \u00b1 std over up to {seeds} seeds; {SEED_MARK}: differs from {table.baseline!r} "
                      f"over seeds (paired t-test, seed k vs seed k, p < {table.alpha}).")
+    apart = [c.label for c in table.columns if not c.average]
+    if apart:
+        lines.append(f"Not in the averages: {', '.join(apart)} (added after the averages were pinned; spec: "
+                     "`average: false`).")
+    if table.index:
+        lines.append(f"{INDEX_LABEL}: a MaxSim row's index, landmark vectors per document and their float32 KiB, "
+                     "over the documents of the table's tasks (a single-vector row keeps one vector per document).")
     lines.extend(table.notes)
     lines.append(caption(table))
     lines.append("")
@@ -361,13 +398,15 @@ def to_markdown(table: Table) -> str:
 
 def to_latex(table: Table) -> str:
     keys = table.column_keys()
-    out = ["\\begin{tabular}{l" + "r" * len(keys) + "}", "\\toprule",
-           "Pooling & " + " & ".join(label for _, label in keys) + " \\\\"]
+    extra = [INDEX_LABEL] if table.index else []
+    out = ["\\begin{tabular}{l" + "r" * (len(keys) + len(extra)) + "}", "\\toprule",
+           "Pooling & " + " & ".join([label for _, label in keys] + extra) + " \\\\"]
     for block, rows in table.blocks.items():
-        out += ["\\midrule", f"\\multicolumn{{{len(keys) + 1}}}{{l}}{{\\emph{{{BLOCK_TITLES.get(block, block)}}}}} \\\\"]
+        out += ["\\midrule", f"\\multicolumn{{{len(keys) + len(extra) + 1}}}{{l}}{{\\emph{{{BLOCK_TITLES.get(block, block)}}}}} \\\\"]
         for row_id, cells in rows.items():
             vals = [_fmt(cells.get(k), ("\\textbf{", "}")).replace(SIG_MARK, "$^\\dagger$")
                     .replace(SEED_MARK, "$^\\ddagger$").replace("\u00b1", "$\\pm$") for k, _ in keys]
+            vals += [table.index_cell(block, row_id)] if extra else []
             label = table.labels.get(row_id, row_id).replace("{", "\\{").replace("}", "\\}")
             out.append(f"{label} & " + " & ".join(vals) + " \\\\")
     out += ["\\bottomrule", "\\end{tabular}", f"% {caption(table).replace('`', '')}"]
@@ -394,6 +433,10 @@ def to_rows(table: Table) -> list[dict[str, Any]]:
                                 "config_hash": cell.config_hash, "n_seeds": cell.n_seeds,
                                 "std": None if cell.std is None else round(100 * cell.std, 2),
                                 "p_value_seeds": cell.p_value_seeds, "significant_seeds": cell.significant_seeds})
+            if row_id in table.index.get(block, {}):
+                records.append({"block": block, "row": row_id, "label": table.labels.get(row_id, row_id),
+                                "column": "index", "column_label": INDEX_LABEL, "value": None,
+                                "shown": table.index[block][row_id]})
     return records
 
 
@@ -428,6 +471,8 @@ def aggregate(spec_path: str | Path, scale: str, out: str | Path, with_optional:
     spec = load_spec(spec_path)
     out = Path(out)
     runs = {block: collect_runs(out / block) if (out / block).exists() else {} for block in BLOCKS}
+    if (out / RESCORE).exists():  # rows scored from a trained row's model (scoring_of): fine-tuned rows too
+        runs[BLOCKS[0]].update(collect_runs(out / RESCORE))
     if wandb_group and wandb_project and os.environ.get("WANDB_API_KEY") and \
             os.environ.get("WANDB_MODE", "online") not in ("offline", "disabled"):
         try:
