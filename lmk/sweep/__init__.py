@@ -21,7 +21,7 @@ __all__, __getattr__ = interface(__name__, {
     "lmk.sweep.eval_stage": ("merge", "model_fingerprint", "trained_fingerprint"),
     "lmk.sweep.hub_mirror": ("prepare",),
     "lmk.sweep.jobs": ("ENTRY_CONFIG", "compose_config", "job_id", "job_overrides", "plan", "plan_shards",
-                       "stage_overrides", "train_block"),
+                       "rescore_block", "stage_overrides", "train_block", "zeroshot_block"),
     "lmk.sweep.scale_artifacts": ("scale_artifacts",),
     "lmk.sweep.provenance": ("provenance_lines",),
     "lmk.sweep.report": ("print_line", "quiet_launcher", "result_line", "start_line"),

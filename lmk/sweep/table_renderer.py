@@ -20,8 +20,6 @@ from pathlib import Path
 from statistics import stdev
 from typing import Any
 
-import matplotlib
-import matplotlib.pyplot as plt
 import wandb
 from scipy.stats import ttest_rel
 
@@ -31,6 +29,7 @@ from lmk.run.umask_files import write_json
 from lmk.sweep.collapse import collapse_notes, collapsed_columns
 from lmk.sweep.provenance import provenance_lines
 from lmk.sweep.spec import RESCORE, Column, Row, TableSpec, load_spec
+from lmk.sweep.table_plot import plot_averages
 
 log = logging.getLogger(__name__)
 BLOCKS = ("train", "zeroshot")  # sub-folders of a sweep folder: fine-tuned rows, untrained rows
@@ -440,31 +439,6 @@ def to_rows(table: Table) -> list[dict[str, Any]]:
     return records
 
 
-def plot(table: Table, path: Path) -> None:
-    matplotlib.use("Agg")
-    blocks = list(table.blocks)
-    fig, axes = plt.subplots(1, len(blocks), figsize=(6 * len(blocks), 4), squeeze=False)
-    for ax, block in zip(axes[0], blocks):
-        rows = table.blocks[block]
-        names = [table.labels.get(r, r) for r in rows]
-        xs = range(len(names))
-        width = 0.38
-        for i, ctx in enumerate(("short", "long")):
-            vals = [100 * (cells.get(f"avg-{ctx}").value or 0) if cells.get(f"avg-{ctx}") else 0
-                    for cells in rows.values()]
-            ax.bar([x + (i - 0.5) * width for x in xs], vals, width, label=f"{ctx} context")
-        ax.set_xticks(list(xs))
-        ax.set_xticklabels(names, rotation=35, ha="right", fontsize=8)
-        ax.set_ylabel("score x100")
-        ax.set_title(BLOCK_TITLES.get(block, block))
-        ax.set_ylim(0, 115)  # headroom: the legend sits above the bars
-        ax.legend(loc="upper center", ncol=2, fontsize=8)
-    fig.suptitle(caption(table).replace("`", ""), fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
 def aggregate(spec_path: str | Path, scale: str, out: str | Path, with_optional: bool | None = None,
               wandb_group: str | None = None, wandb_project: str | None = None) -> tuple[Table, dict[str, Path]]:
     """Collect the sweep folder's runs, build the table, write every format; returns the file paths."""
@@ -496,7 +470,7 @@ def aggregate(spec_path: str | Path, scale: str, out: str | Path, with_optional:
         writer.writerows(records)
     write_json(paths["json"], {"spec": str(spec_path), "scale": scale, "cells": records, "notes": table.notes,
                                "provenance": provenance})
-    plot(table, paths["png"])
+    plot_averages(table, paths["png"], BLOCK_TITLES, caption(table))
     return table, paths
 
 
