@@ -82,7 +82,8 @@ def test_make_notebooks_as_typed_after_a_sweep(tiny_sweep):
     said = [o.get("text", "") for o in outputs if o.output_type == "stream" and "Using the" in o.get("text", "")]
     assert said and said[0].startswith("Using the tiny sweep, 7 trained runs")  # it says which sweep it analysed
     figures = sorted((tiny_sweep / "notebooks" / "attention_position_bias_figures").glob("*.png"))
-    assert len(figures) == 5 and all(f.read_bytes()[:8] == PNG for f in figures)
+    assert len(figures) == 6 and all(f.read_bytes()[:8] == PNG for f in figures)
+    assert "winning_landmark.png" in {f.name for f in figures}  # the per-landmark view (MaxSim winner vs needle)
 
 
 def test_make_table2_as_typed_rebuilds_the_table_from_the_results(tiny_sweep):

@@ -155,3 +155,16 @@ def test_a_column_out_of_the_averages_leaves_them_as_they_were(tmp_path: Path) -
     md = paths["md"].read_text()
     assert "| Pooling | A | B | Avg long |" in md and "| CLS | **20.0** | **90.0** | **20.0** |" in md
     assert "Not in the averages: B" in md
+
+
+def test_the_index_column_is_blank_unless_every_task_of_the_row_has_its_index() -> None:
+    from lmk.sweep.spec import Column
+    from lmk.sweep.table_renderer import RunRecord, index_size
+
+    columns = [Column(group="a", label="A", context="short"), Column(group="b", label="B", context="long")]
+    entry = {"documents": 10, "vectors": 40, "bytes_per_doc": 4 * 384 * 4}
+    rec = RunRecord(row="r", run_dir=Path("."), config_hash=None, git_commit=None, status="done", groups={},
+                    group_tasks={"a": ["TaskA"], "b": ["TaskB"]}, index={"TaskA": entry, "TaskB": entry})
+    assert index_size(rec, columns) == "4.0 (6.0 KiB)"
+    del rec.index["TaskB"]  # TaskB scored from the eval cache: nothing encoded, no index recorded
+    assert index_size(rec, columns) is None  # not an average over the other tasks

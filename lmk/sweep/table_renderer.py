@@ -228,9 +228,13 @@ INDEX_LABEL = "Index / doc"
 
 def index_size(rec: RunRecord, columns: list[Column]) -> str | None:
     """A MaxSim row's index per document over the tasks of `columns`: landmark vectors per document and their
-    float32 KiB (None for a row without a recorded index, e.g. single-vector scoring)."""
+    float32 KiB (None for a row without a recorded index, e.g. single-vector scoring, and for one whose index is
+    known for only some of the tasks: a task scored from the eval cache encoded nothing, and an average over the
+    others would not be this table's index)."""
     tasks = {t for c in columns for t in rec.group_tasks.get(c.group, [])}
-    entries = [rec.index[t] for t in sorted(tasks) if t in rec.index]
+    if any(t not in rec.index for t in tasks):
+        return None
+    entries = [rec.index[t] for t in sorted(tasks)]
     docs = sum(int(e["documents"]) for e in entries)
     if not docs:
         return None
