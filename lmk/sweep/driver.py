@@ -206,11 +206,11 @@ def _run_rescore(sweep: Sweep, hub: list[str]) -> int:
     if untrained:
         print(f"[lmk.sweep] rows whose trained model is missing (their scoring_of rows not evaluated): "
               f"{', '.join(untrained)}", file=sys.stderr)
+    failures = int(bool(untrained))
     block = rescore_block(sweep.scale, sweep.rows, train_dir, hub, fingerprints)
     if block is None:
-        return int(bool(untrained))
+        return failures
     cmd = sweep_command(block, folder, sweep.scale, f"{sweep.group}-{RESCORE}", sweep.args.force, False)
-    failures = int(bool(untrained))
     if run_block(cmd, sweep.scale.env) != 0:
         print(f"[lmk.sweep] {RESCORE} sweep failed; see the error above", file=sys.stderr)
         failures += 1
