@@ -29,6 +29,7 @@ _BPE_CORPUS = [
 ]
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the group marks into the test ids
 def pytest_collection_modifyitems(config, items):
     """Under `--dist loadgroup` a test is sent to whichever worker is free, except that a module whose tests share
     a module- or class-scoped fixture (a trained run, an export, a prepared suite) stays on one worker, so the

@@ -16,9 +16,11 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.mark.parametrize("args", [["lmk.train", "experiment=tiny", "pooling.chunk_size=abc"],
                                   ["lmk.sweep", "experiments/table2/spec.yaml", "--scale", "nosuchscale"],
                                   ["lmk.evaluate", "--help"]])
-def test_a_forked_command_exits_and_prints_as_a_fresh_interpreter(args: list[str], monkeypatch) -> None:
+def test_a_forked_command_exits_and_prints_as_a_fresh_interpreter(args: list[str], tmp_path: Path,
+                                                                  monkeypatch) -> None:
     monkeypatch.delenv("LMK_TEST_FORK", raising=False)
-    cmd = [sys.executable, "-m", *args]
+    run_dir = [f"hydra.run.dir={tmp_path / 'run'}"] if args[0] == "lmk.train" else []  # nothing into the checkout
+    cmd = [sys.executable, "-m", *args, *run_dir]
     assert forked_cli._forkable(cmd, ROOT, dict(os.environ), True, {})
     forked = forked_cli.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     fresh = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)

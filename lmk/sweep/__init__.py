@@ -26,7 +26,7 @@ __all__, __getattr__ = interface(__name__, {
     "lmk.sweep.provenance": ("provenance_lines",),
     "lmk.sweep.report": ("print_line", "quiet_launcher", "result_line", "start_line"),
     "lmk.sweep.rows": ("RowState", "decide", "finished_after_all", "lock_verdict", "recorded_job"),
-    "lmk.sweep.spec": ("Scale", "SpecError", "load_spec", "validate_spec"),
+    "lmk.sweep.spec": ("Column", "Scale", "SpecError", "load_spec", "validate_spec"),
     "lmk.sweep.table_renderer": ("MixedResultsError", "aggregate", "table_commits"),
     "lmk.sweep.wandb_table": ("log_row_summaries", "log_table", "sweep_wandb"),
 }, modules=("authors", "pinned", "rows", "scale_artifacts", "table_renderer"))
