@@ -14,6 +14,7 @@ could change what is tested:
 from __future__ import annotations
 
 import atexit
+import gc
 import json
 import os
 import signal
@@ -21,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -142,6 +144,9 @@ def _serve() -> None:
     if threading.active_count() != 1:
         print(f"threads after the imports: {threading.enumerate()}", file=replies, flush=True)
         return
+    # The preloaded objects never change: kept out of the children's garbage collections (which would otherwise walk,
+    # and copy page by page, the whole inherited heap of torch and transformers).
+    gc.freeze()
     print("ready", file=replies, flush=True)
     for line in sys.stdin:
         request = json.loads(line)
@@ -173,10 +178,23 @@ def _child(request: dict) -> None:
     sys.path[0] = request["cwd"]  # as `python -m` puts the working folder first
     sys.argv = ["-m", *request["argv"]]
     sys.modules.pop(request["module"], None)  # imported on the way by the preload: run it fresh, as `python -m`
-    # A SystemExit (or an error, printed with its traceback, exit code 1) ends the child here, running the exit
-    # handlers and flushing its output as the interpreter does at the end of `python -m`.
-    runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
-    sys.exit(0)
+    try:
+        runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+        code = 0
+    except SystemExit as stop:  # as the interpreter reads it: None is 0, a number its code, else printed and 1
+        code = stop.code if isinstance(stop.code, int) else 0 if stop.code is None else 1
+        if not isinstance(stop.code, int | None):
+            print(stop.code, file=sys.stderr)
+    except BaseException:  # noqa: BLE001 - printed with its traceback, exit code 1, as `python -m` does
+        traceback.print_exc()
+        code = 1
+    # The end of `python -m` without tearing down the inherited modules one by one (seconds of a fresh
+    # interpreter's exit): the non-daemon threads are joined, the exit handlers run, the output is flushed.
+    threading._shutdown()
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":

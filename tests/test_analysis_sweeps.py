@@ -141,7 +141,7 @@ def test_notebook_uses_the_latest_sweep_and_plots_score_vs_length(sweeps, tmp_pa
     text = "".join(o.get("text", "") for c in executed.cells if c.cell_type == "code" for o in c.outputs)
     assert "Using the mini sweep, 2 trained runs: scale 'mini'" in text and str(root / "mini") in text
     figs = sorted(p.name for p in (out / f"{notebook.stem}_figures").glob("*.png"))
-    assert "score_vs_length.png" in figs and len(figs) == 5
+    assert {"score_vs_length.png", "winning_landmark.png"} <= set(figs) and len(figs) == 6
 
 
 def _fake_run(sweep: Path, row: str, mtime: float, status: str = "done") -> None:
