@@ -72,6 +72,7 @@ def test_repo_root_is_found_from_the_repository_not_a_module_depth():
     assert nbr.DEFAULT_DIR == REPO / "notebooks"
 
 
+@pytest.mark.slow  # the tiny sweep, then the notebook through make; the notebook itself runs fast in tests/test_notebook.py
 def test_make_notebooks_as_typed_after_a_sweep(tiny_sweep):
     proc = make("notebooks", f"OUT={tiny_sweep}")  # no SCALE: the runner picks the sweep present
     assert "no notebooks found" not in proc.stdout + proc.stderr
@@ -86,6 +87,7 @@ def test_make_notebooks_as_typed_after_a_sweep(tiny_sweep):
     assert "winning_landmark.png" in {f.name for f in figures}  # the per-landmark view (MaxSim winner vs needle)
 
 
+@pytest.mark.slow  # it reads the tiny sweep the slow tests build
 def test_make_table2_as_typed_rebuilds_the_table_from_the_results(tiny_sweep):
     assert "`make table2`" in README
     table = tiny_sweep / "table2" / "tiny" / "table2.md"
@@ -95,6 +97,7 @@ def test_make_table2_as_typed_rebuilds_the_table_from_the_results(tiny_sweep):
     assert table.read_text() == before  # the same table, from the results files alone
 
 
+@pytest.mark.slow  # the tiny sweep end to end (its pins also hold the mini and rehearsal tables, all in the slow suite)
 def test_the_tiny_table_gives_its_pinned_numbers(tiny_sweep):
     """Every cell of `make reproduce-table2 SCALE=tiny`, to two decimals, as experiments/table2/pinned.json holds."""
     table = json.loads((tiny_sweep / "table2" / "tiny" / "table2.json").read_text())
@@ -102,6 +105,7 @@ def test_the_tiny_table_gives_its_pinned_numbers(tiny_sweep):
     assert not drifts, pinned.drift_message(drifts, "experiments/table2/spec.yaml", "tiny")
 
 
+@pytest.mark.slow  # a training run and its evaluation as typed; the same entry point trains fast in tests/test_train.py
 def test_the_readme_one_minute_run_as_typed_prints_the_scores_it_quotes(tmp_path):
     """The README's first-screen run (three zero-shot evaluations of MiniLM), the line of its first block run as
     written, in a fresh folder, before the 17-minute table; the scores the README quotes are the ones it prints."""
@@ -169,6 +173,7 @@ def test_the_readme_python_example_runs_on_the_folder_the_readme_command_makes(t
     _run_readme_python_example(code, tmp_path)
 
 
+@pytest.mark.slow  # make, a hub server and every download; the prefetch itself is checked fast in tests/test_prefetch.py
 def test_make_prefetch_as_typed_fills_a_mirror_from_the_stand_in_hub(tmp_path):
     """`make prefetch SCALE=paper MIRROR=<folder>` as the README names it, with HF_ENDPOINT at the stand-in hub
     (tests/hub_server.py) serving a small repo for every artifact of the paper sweep: each is downloaded for real

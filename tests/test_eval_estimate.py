@@ -192,6 +192,7 @@ def test_an_eval_shard_longer_than_its_limit_is_refused_naming_the_fixes() -> No
     assert eval_verdict(stage, TimeLimit(60, requeues=1), 120.0, "src").refusal is None  # a segment per task
 
 
+@pytest.mark.slow  # a sweep process end to end; the refusal itself is checked fast in tests/test_decoder_table.py
 def test_the_sweep_refuses_a_job_over_its_time_limit_before_anything_launches(tmp_path: Path) -> None:
     spec = yaml.safe_load(Path(SPEC).read_text())
     spec["scales"]["paper"]["train_overrides"].append("launcher.timeout=60")

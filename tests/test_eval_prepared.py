@@ -172,6 +172,7 @@ def _scores(run: Path) -> tuple[dict, dict]:
     return res["eval"]["tasks"], json.loads((run / "per_query.json").read_text())
 
 
+@pytest.mark.slow  # four evaluations end to end; what a job reads from prepared data is checked fast by test_prepared_data_is_what_mteb_loads_and_is_prepared_once
 def test_eval_job_reads_prepared_data_read_only_with_the_same_scores(tmp_path: Path) -> None:
     """The old path (each job converts into its `datasets` cache) and a job on prepared data made read-only give
     the same scores, query by query; the read-only job writes nothing under the preparation, the mirror or its

@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 # a new file, or (`into NAME`) lines added to the table NAME of an existing file
 RECIPE = re.compile(r"<!-- recipe: (?P<path>\S+)(?: into (?P<into>\w+))? -->\s*```\w*\n(?P<body>.*?)```", re.S)
@@ -36,6 +38,7 @@ def _run(args: list[str], cwd: Path, **kw: object) -> subprocess.CompletedProces
     return subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=600, **kw)
 
 
+@pytest.mark.slow  # a new pooler through training, evaluation and export, each a process of its own
 def test_the_pooling_recipe_is_picked_up_everywhere(tmp_path: Path) -> None:
     copy = tmp_path / "repo"
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")

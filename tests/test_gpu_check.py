@@ -75,6 +75,7 @@ def test_cpu_smoke_runs_the_rehearsal_step_padded_batches_and_encode(tmp_path, c
     assert tp["mode"] == "cpu-smoke" and tp["train_passes"] == 5
 
 
+@pytest.mark.slow  # the decoder section of make gpu-check on the CPU; LoRA's frozen base and adapter-only optimiser are checked fast in tests/test_lora.py
 def test_cpu_smoke_runs_the_decoder_step_with_lora_against_its_estimate(tmp_path, capsys, monkeypatch):
     """The decoder section's code path on the CPU: the decoder table's rehearsal config (the random 2-layer decoder,
     LoRA r 8 through peft, grad cache, bf16-mixed); on a GPU the same code runs decoder-paper on a 1B decoder."""

@@ -141,6 +141,7 @@ def test_one_folder_one_default(scored, tmp_path) -> None:
     np.testing.assert_allclose(by_mteb_q, queries, atol=1e-6)
 
 
+@pytest.mark.slow  # two exports in fresh interpreters, one with HF_HUB_OFFLINE and one without
 def test_export_bytes_do_not_depend_on_hf_hub_offline(scored, tmp_path) -> None:
     folders = []
     for offline in ("1", "0"):  # offline, and not: lmk's tiny run needs nothing from the hub either way

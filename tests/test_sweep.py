@@ -26,6 +26,7 @@ def sweep(*args: str, cwd: Path = ROOT, timeout: float = 600) -> subprocess.Comp
                           text=True, timeout=timeout)
 
 
+@pytest.mark.slow  # a paper dry run end to end; the fast suite keeps one (tests/test_cost.py)
 def test_paper_dry_run_builds_the_cluster_jobs(tmp_path: Path) -> None:
     out = tmp_path / "paper"
     proc = sweep("--scale", "paper", "--dry-run", "--out", str(out))
@@ -120,6 +121,7 @@ def loud_spec(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.mark.slow  # a whole sweep twice; the sweeper's resume and failure decisions are checked fast in tests/test_sweep_faults.py
 def test_tiny_sweep_end_to_end_with_resume_and_failure(tmp_path: Path) -> None:
     out, spec = tmp_path / "tiny", loud_spec(tmp_path)
     env = {k: v for k, v in os.environ.items() if k != "LMK_VERBOSE"}
@@ -182,6 +184,7 @@ def test_tiny_sweep_end_to_end_with_resume_and_failure(tmp_path: Path) -> None:
     assert read_results(out / "train" / "cls")["config_hash"] != "stale"
 
 
+@pytest.mark.slow  # the mini dry run composes every job; each mini row composes and validates fast in test_every_row_of_every_scale_composes_and_validates
 def test_mini_scale_dry_run_and_zero_shot_block(tmp_path: Path) -> None:
     proc = sweep("--scale", "mini", "--dry-run", "--out", str(tmp_path))
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -126,8 +126,13 @@ def test_sweeper_plan_resumes_starts_over_and_leaves_a_live_run_alone(tmp_path):
     assert (out / "gone" / run_lock.LOCK_FILE).exists()  # a dry run removes nothing
 
 
-def test_sweep_record_judges_locks_this_host_cannot(tmp_path):
+def test_sweep_record_judges_locks_this_host_cannot(tmp_path, monkeypatch):
+    from lmk.run import scheduler
     from lmk.sweep.rows import lock_verdict
+
+    # where SLURM's commands are installed but no controller runs, each waits out its timeout: an answer of nothing
+    # either way (the verdict below), sooner
+    monkeypatch.setattr(scheduler, "TIMEOUT_S", 3)
 
     # another user's SLURM job on another host: where the scheduler shows nothing of it, it cannot be judged
     owner = {"host": "node-gone", "pid": 4242, "job_id": "777", "scheduler": "slurm", "user": "someone-else"}

@@ -158,6 +158,7 @@ def test_failure_is_recorded(tmp_path, pairs):
     assert res["status"] == "failed" and "nonexistent" in res["error"]
 
 
+@pytest.mark.slow  # two ranks through the command line; DDP's equality with one process is checked fast in tests/test_module.py
 def test_cli_ddp_two_cpu_processes(tmp_path, pairs):
     run_dir = tmp_path / "ddp"
     proc = cli(run_dir, pairs, "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2",

@@ -29,4 +29,4 @@ __all__, __getattr__ = interface(__name__, {
     "lmk.run.results": ("EvalRecord", "Results", "STATUS_DONE", "Timer", "config_hash_of", "git_commit",
                         "read_results", "update_results"),
     "lmk.run.scheduler": ("slurm_job",),
-}, modules=("environment", "faults", "lock", "results"))
+}, modules=("environment", "faults", "lock", "results", "scheduler"))
