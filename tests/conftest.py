@@ -38,6 +38,9 @@ def pytest_collection_modifyitems(config, items):
         defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
         if any(d.scope in ("module", "class") for fixdefs in defs.values() for d in fixdefs):
             item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+    if getattr(config.option, "loadgroup", False):  # set by xdist in its workers, where the order is decided
+        # a group is the longest unit a worker takes: sent first, the single tests fill the workers up at the end
+        items.sort(key=lambda item: item.get_closest_marker("xdist_group") is None)
 
 
 @pytest.fixture(scope="session")

@@ -78,6 +78,7 @@ def test_the_paper_scale_is_the_authors_decoder_recipe() -> None:
     assert set(lora["target_modules"]) == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
 
 
+@pytest.mark.slow  # a paper dry run end to end; an 8B LoRA row's sizing is checked fast in tests/test_cost.py, its refusal below
 def test_the_decoder_paper_dry_run_prints_an_8b_rows_memory_and_gpu_hours(tmp_path: Path) -> None:
     out = tmp_path / "paper"
     proc = forked_cli.run([sys.executable, "-m", "lmk.sweep", str(SPEC), "--scale", "paper", "--dry-run",

@@ -297,7 +297,8 @@ def _fit(tmp: Path, devices: int, grad_cache: bool) -> tuple[list[float], dict[s
     return losses, _params(module)
 
 
-@pytest.mark.parametrize("grad_cache", [False, True])
+# two ranks with grad cache on cover the DDP path fast; the plain step's two ranks (20 s) run in the slow suite
+@pytest.mark.parametrize("grad_cache", [pytest.param(False, marks=pytest.mark.slow), True])
 def test_ddp_two_processes_equal_single_process(tmp_path, grad_cache):
     single_loss, single_params = _fit(tmp_path / "one", 1, grad_cache)
     ddp_loss, ddp_params = _fit(tmp_path / "two", 2, grad_cache)

@@ -115,6 +115,7 @@ def test_failing_cell_still_writes_the_executed_copy(tmp_path):
 # ---------------------------------------------------------------------------- the analysis notebook itself
 
 
+@pytest.mark.slow  # the whole notebook on two models (about 25 s); its analysis functions are checked fast in tests/test_analysis.py
 def test_attention_notebook_executes_top_to_bottom_at_tiny_size(tmp_path, monkeypatch):
     # --threads 1 sets OMP_NUM_THREADS for the kernel (no oversubscription on this shared box);
     # monkeypatch restores the variable afterwards

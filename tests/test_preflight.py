@@ -53,7 +53,7 @@ def test_misspelt_task_fails_validation_naming_the_closest() -> None:
 
 @pytest.mark.parametrize(("row", "thing"), [
     ("typo", "LocalPaskey"),
-    ("nodata", "/no/such/dir/pairs.jsonl"),
+    pytest.param("nodata", "/no/such/dir/pairs.jsonl", marks=pytest.mark.slow),  # the same path as a typo: 12 s
 ])
 def test_sweep_dry_run_fails_naming_the_row_and_the_thing(tmp_path: Path, row: str, thing: str) -> None:
     spec = yaml.safe_load((ROOT / "experiments" / "table2" / "spec.yaml").read_text())

@@ -20,7 +20,8 @@ def sweep(*args: str) -> subprocess.CompletedProcess:
                           text=True, timeout=900)
 
 
-@pytest.mark.parametrize("scale", ["tiny", "paper"])
+# the tiny dry run composes what test_tiny_sweep_builds_the_table (slow) runs: slow as well
+@pytest.mark.parametrize("scale", [pytest.param("tiny", marks=pytest.mark.slow), "paper"])
 def test_dry_run_pairs_every_pooling_with_rope_on_and_off(tmp_path: Path, scale: str) -> None:
     proc = sweep("--scale", scale, "--dry-run", "--out", str(tmp_path))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
