@@ -236,6 +236,8 @@ def test_prefetch_offline_records_whats_there_and_refuses_to_download(
         hub_fetch.prefetch([lacking], root)
 
 
+@pytest.mark.slow  # composes every job of the paper sweep (13 s); the list it prints is checked fast at the tiny and
+# rehearsal scales (test_prefetch_list_equals_what_every_job_loads)
 def test_prefetch_cli_dry_run_lists_the_paper_sweep(empty_hf_cache: Path, capsys: pytest.CaptureFixture) -> None:
     assert prefetch_cmd.main([SPEC, "--scale", "paper", "--dry-run"]) == 0
     out = capsys.readouterr().out

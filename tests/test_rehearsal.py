@@ -98,6 +98,8 @@ def test_prefetch_of_the_rehearsal_writes_its_replicas_and_downloads_nothing(tmp
     assert {"mteb/msmarco", "mteb/MultiLongDocRetrieval", "CoIR-Retrieval/apps", "dwzhu/LongEmbed"} <= repos
 
 
+@pytest.mark.slow  # a rehearsal dry run end to end (12 s); the row end to end below runs from the mirror, and the mirror
+# written once is checked fast above
 def test_sweep_passes_the_mirror_to_every_job(tmp_path):
     out = tmp_path / "dry"
     proc = forked_cli.run([sys.executable, "-m", "lmk.sweep", "experiments/table2/spec.yaml", "--scale", "rehearsal",
