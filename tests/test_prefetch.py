@@ -115,8 +115,8 @@ def _open_everything(cfg: Any) -> None:
 def _scales() -> list[Any]:
     import yaml
 
-    # mini regenerates its local tasks (about 10 s) and paper composes every job of the paper sweep (about 20 s;
-    # its list is also printed fast by test_prefetch_cli_dry_run_lists_the_paper_sweep): slow; the others take seconds
+    # mini regenerates its local tasks (about 10 s) and paper composes every job of the paper sweep (about 20 s):
+    # slow; the others take seconds
     return [pytest.param(s, marks=pytest.mark.slow) if s in ("mini", "paper") else s
             for s in yaml.safe_load(Path(SPEC).read_text())["scales"]]
 
