@@ -13,7 +13,7 @@ from lmk.model import decoder_tokenizer
 from lmk.model.landmark import LandmarkTokenizer
 from lmk.sweep.cost.estimate import format_estimate, sweep_estimate
 from lmk.sweep.cost.index import Layout, task_index
-from lmk.sweep.jobs import plan
+from lmk.sweep.jobs import plan, rescore_block
 from lmk.sweep.spec import load_spec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,13 +46,16 @@ def test_index_bytes_and_search_flops_by_hand() -> None:
     assert "T: 15 docs x 2.3 vectors = 75 B/doc, 1.1 KB" in idx.line() and "(encode 0.1 min)" in idx.line()
 
 
-def test_a_maxsim_rows_eval_jobs_carry_its_scoring() -> None:
+def test_a_maxsim_rows_job_scores_its_rows_model_its_own_way() -> None:
     spec = load_spec(DECODER)
     scale = spec.scale("paper")
     rows = [r for r in spec.rows if r.id in ("lmk-fixed-64", "lmk-fixed-64-maxsim")]
-    block = [b for b in plan(scale, rows, Path("/tmp/lmk-plan")) if b.name == "eval"][0]
-    jobs = {j.row: j for j in block.jobs()}
-    maxsim, single = jobs["lmk-fixed-64-maxsim--mldr-eng"], jobs["lmk-fixed-64--mldr-eng"]
+    out = Path("/tmp/lmk-plan")
+    block = [b for b in plan(scale, rows, out) if b.name == "eval"][0]
+    single = {j.row: j for j in block.jobs()}["lmk-fixed-64--mldr-eng"]
+    assert not any(j.row.startswith("lmk-fixed-64-maxsim") for j in block.jobs())  # nothing of its own to train
+    maxsim = rescore_block(scale, rows, out / "train").jobs()[0]
+    assert maxsim.row == "lmk-fixed-64-maxsim" and f"model={out / 'train' / 'lmk-fixed-64'}" in maxsim.overrides
     assert "eval.scoring=maxsim" in maxsim.overrides and not any("scoring" in o for o in single.overrides)
     assert maxsim.compose().eval.scoring == "maxsim" and single.compose().eval.scoring == "single"
 

@@ -275,7 +275,8 @@ def refused(sweep: Sweep, show: bool) -> bool:
     from lmk.sweep.cost import check_sweep
 
     stages = ("train", "eval") if sweep.args.stage == "all" else (sweep.args.stage,)
-    refusals = check_sweep(sweep.args.spec, sweep.args.scale, [r.id for r in trained_rows(sweep.rows)],
+    rows = [*trained_rows(sweep.rows), *scoring_rows(sweep.rows)]  # a scoring_of row's evaluation costs too
+    refusals = check_sweep(sweep.args.spec, sweep.args.scale, [r.id for r in rows],
                            sweep.args.throughput,
                            stages, show=show, launcher=sweep.args.launcher)
     for line in refusals:

@@ -78,10 +78,13 @@ def _eval_stage(scale: Scale, layouts: dict[str, Layout | None], c: dict[str, An
     return cost
 
 
-def _layout(scale: Scale, row: Any, dim: int) -> Layout | None:
+def _layout(scale: Scale, row: Any, by_id: dict[str, Any], dim: int) -> Layout | None:
     """A row's MaxSim layout (its pooling and eval.maxsim_query, its job composed as the sweep launches it; an eval
-    stage's jobs carry the row's `eval.*` overrides) where its evaluation scores by MaxSim; None: single-vector."""
-    cfg = compose_config("lmk.train", [*train_block(scale, [row]).jobs()[0].overrides, *_launch(scale)])
+    stage's jobs carry the row's `eval.*` overrides) where its evaluation scores by MaxSim; None: single-vector.
+    A `scoring_of` row is its trained row's model under its own evaluation overrides."""
+    trained = by_id[row.scoring_of] if row.scoring_of is not None else row
+    extra = list(row.overrides) if row.scoring_of is not None else []
+    cfg = compose_config("lmk.train", [*train_block(scale, [trained]).jobs()[0].overrides, *extra, *_launch(scale)])
     return Layout.of({"eval": cfg.get("eval") or {}, "pooling": cfg.pooling}, dim)
 
 
@@ -90,30 +93,37 @@ def sweep_estimate(spec_path: str, scale_name: str, rows: Sequence[str], gpu: st
                    launcher: str | None = None) -> tuple[list[StageCost], Rates]:
     """The estimate of a sweep: one training job of the scale (through `launcher`, one the scale declares, else
     its own) composed as the sweep launches it (rows differ in pooling only), and the eval stage's shards (or,
-    without a stage, the training jobs' own evaluation)."""
+    without a stage, the training jobs' own evaluation). A `scoring_of` row among `rows` trains nothing: it adds
+    one evaluation of the suite (its trained row's model, scored its own way) to the eval stage's work."""
     spec = load_spec(spec_path)
     scale = spec.scale(scale_name).on(launcher)
     by_id = {r.id: r for r in spec.rows}
-    overrides = [*train_block(scale, [by_id[rows[0]]]).jobs()[0].overrides, *_launch(scale)]
+    trained = [r for r in rows if by_id[r].scoring_of is None] or [str(by_id[rows[0]].scoring_of)]
+    overrides = [*train_block(scale, [by_id[trained[0]]]).jobs()[0].overrides, *_launch(scale)]
     cfg = compose_config("lmk.train", overrides)
     c = sections(cfg)
     c["eval"] = cfg.get("eval")
     shape = encoder_shape(c["encoder"])
     on_cpu = str((c.get("trainer") or {}).get("accelerator", "gpu")) == "cpu"
     rates = choose_rates(on_cpu, shape, throughput_file, gpu_check, gpu)
-    layouts = {r: _layout(scale, by_id[r], shape.hidden) for r in rows}
+    layouts = {r: _layout(scale, by_id[r], by_id, shape.hidden) for r in rows}
     if any(layouts.values()):
         rates.maxsim = maxsim_throughput(rates, gpu)
     gpus = _devices(c)
-    train = training_cost(c, len(rows), gpus)
+    train = training_cost(c, len(trained), gpus)
     train.parallel = parallel_jobs(scale, overrides)
     ev = _eval_stage(scale, layouts, c, shape, rates)
     job = training_job(c, gpus, rates, eval_s=ev.job_wall_s if ev is not None and not ev.jobs else 0.0)
     limit = TimeLimit.of(c, scale.launcher)
     verdict = training_verdict(job, limit, rates.train.source) if limit is not None else None
     train.job_wall_s = verdict.wall_s if verdict else job.wall_s
-    train.durations = [train.job_wall_s] * len(rows)
-    train.device_s = train.job_wall_s * gpus * len(rows)
+    train.durations = [train.job_wall_s] * len(trained)
+    train.device_s = train.job_wall_s * gpus * len(trained)
+    rescored = [r for r in rows if by_id[r].scoring_of is not None]
+    if ev is not None and rescored:
+        ev.notes.append(f"{len(rescored)} of the {len(rows)} rows evaluate another row's trained model (scoring_of: "
+                        f"{', '.join(rescored)}): counted here by shard, no training; they run as one job per row "
+                        f"over the whole suite (<out>/rescore/jobs.json)")
     if verdict is not None:
         train.limit, train.refusal = verdict.text, verdict.refusal
     if (scale.hub_mirror or {}).get("replicas"):
