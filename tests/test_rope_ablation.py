@@ -20,8 +20,29 @@ def sweep(*args: str) -> subprocess.CompletedProcess:
                           text=True, timeout=900)
 
 
-# the tiny dry run composes what test_tiny_sweep_builds_the_table (slow) runs: slow as well
-@pytest.mark.parametrize("scale", [pytest.param("tiny", marks=pytest.mark.slow), "paper"])
+@pytest.mark.parametrize("scale", ["tiny", "paper"])
+def test_every_row_pairs_a_pooling_with_rope_on_or_off_and_validates(scale: str) -> None:
+    """In process, as the row sweeper checks each job before launch; the dry runs below do it end to end."""
+    from omegaconf import open_dict
+
+    from lmk.sweep.jobs import train_block
+    from lmk.sweep.spec import load_spec
+    from lmk.train.command import validate_job
+
+    spec = load_spec(ROOT / SPEC)
+    jobs = train_block(spec.scale(scale), spec.rows_for(spec.scale(scale), with_optional=True)).jobs()
+    assert [j.row for j in jobs] == ROWS
+    for job in jobs:
+        cfg = job.compose()
+        with open_dict(cfg):
+            cfg.run_dir = "/tmp/lmk-test-row"  # outside a Hydra run there is no runtime folder
+        typed = validate_job(cfg)
+        assert typed.encoder.rope is not job.row.endswith("-norope"), job.row
+
+
+# a sweep process per scale (13-15 s each): the rows' composition is checked fast above
+@pytest.mark.slow
+@pytest.mark.parametrize("scale", ["tiny", "paper"])
 def test_dry_run_pairs_every_pooling_with_rope_on_and_off(tmp_path: Path, scale: str) -> None:
     proc = sweep("--scale", scale, "--dry-run", "--out", str(tmp_path))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
