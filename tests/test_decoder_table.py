@@ -12,7 +12,7 @@ from pathlib import Path
 import forked_cli
 import pytest
 import yaml
-from omegaconf import open_dict
+from validated_rows import validated_rows
 
 from lmk.sweep.spec import load_spec, validate_spec
 
@@ -24,19 +24,9 @@ DECODER = {"tiny": "tiny-decoder", "mini": "tiny-decoder", "rehearsal": "tiny-de
 
 @pytest.mark.parametrize("scale", list(load_spec(SPEC).scales))
 def test_every_decoder_row_composes_and_validates(scale: str) -> None:
-    from lmk.sweep.jobs import train_block
-    from lmk.train.command import validate_job
-
     spec = load_spec(SPEC)
-    scale_ = spec.scale(scale)
-    jobs = list(train_block(scale_, spec.rows_for(scale_, with_optional=True)).jobs())
-    assert len(jobs) == len([r for r in spec.rows if r.scoring_of is None])  # the MaxSim row trains nothing
-    typed = {}
-    for job in jobs:
-        cfg = job.compose()
-        with open_dict(cfg):
-            cfg.run_dir = "/tmp/lmk-test-row"
-        typed[job.row] = validate_job(cfg)
+    typed = validated_rows(SPEC, scale)
+    assert len(typed) == len([r for r in spec.rows if r.scoring_of is None])  # the MaxSim row trains nothing
     for row, t in typed.items():
         # every row trains the same LoRA decoder: only the pooling (and the MaxSim rows' scoring) differ
         assert t.encoder.name == DECODER[scale] and t.encoder.lora is not None, row

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import forked_cli
 import pytest
+from validated_rows import validated_rows
 
 SPEC = "experiments/rope_ablation/spec.yaml"
 ROOT = Path(__file__).resolve().parent.parent
@@ -23,21 +24,10 @@ def sweep(*args: str) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize("scale", ["tiny", "paper"])
 def test_every_row_pairs_a_pooling_with_rope_on_or_off_and_validates(scale: str) -> None:
     """In process, as the row sweeper checks each job before launch; the dry runs below do it end to end."""
-    from omegaconf import open_dict
-
-    from lmk.sweep.jobs import train_block
-    from lmk.sweep.spec import load_spec
-    from lmk.train.command import validate_job
-
-    spec = load_spec(ROOT / SPEC)
-    jobs = train_block(spec.scale(scale), spec.rows_for(spec.scale(scale), with_optional=True)).jobs()
-    assert [j.row for j in jobs] == ROWS
-    for job in jobs:
-        cfg = job.compose()
-        with open_dict(cfg):
-            cfg.run_dir = "/tmp/lmk-test-row"  # outside a Hydra run there is no runtime folder
-        typed = validate_job(cfg)
-        assert typed.encoder.rope is not job.row.endswith("-norope"), job.row
+    typed = validated_rows(ROOT / SPEC, scale)
+    assert list(typed) == ROWS
+    for row, config in typed.items():
+        assert config.encoder.rope is not row.endswith("-norope"), row
 
 
 # a sweep process per scale (13-15 s each): the rows' composition is checked fast above
