@@ -82,8 +82,7 @@ def _layout(scale: Scale, row: Any, by_id: dict[str, Any], dim: int) -> Layout |
     """A row's MaxSim layout (its pooling and eval.maxsim_query, its job composed as the sweep launches it; an eval
     stage's jobs carry the row's `eval.*` overrides) where its evaluation scores by MaxSim; None: single-vector.
     A `scoring_of` row is its trained row's model under its own evaluation overrides."""
-    trained = by_id[row.scoring_of] if row.scoring_of is not None else row
-    extra = list(row.overrides) if row.scoring_of is not None else []
+    trained, extra = (row, []) if row.scoring_of is None else (by_id[row.scoring_of], list(row.overrides))
     cfg = compose_config("lmk.train", [*train_block(scale, [trained]).jobs()[0].overrides, *extra, *_launch(scale)])
     return Layout.of({"eval": cfg.get("eval") or {}, "pooling": cfg.pooling}, dim)
 
@@ -98,8 +97,11 @@ def sweep_estimate(spec_path: str, scale_name: str, rows: Sequence[str], gpu: st
     spec = load_spec(spec_path)
     scale = spec.scale(scale_name).on(launcher)
     by_id = {r.id: r for r in spec.rows}
-    trained = [r for r in rows if by_id[r].scoring_of is None] or [str(by_id[rows[0]].scoring_of)]
-    overrides = [*train_block(scale, [by_id[trained[0]]]).jobs()[0].overrides, *_launch(scale)]
+    trained = [r for r in rows if by_id[r].scoring_of is None]
+    rescored = [r for r in rows if by_id[r].scoring_of is not None]
+    # the job every row shares but its pooling: a trained row's, or the trained row a scoring_of row evaluates
+    base = by_id[trained[0]] if trained else by_id[str(by_id[rows[0]].scoring_of)]
+    overrides = [*train_block(scale, [base]).jobs()[0].overrides, *_launch(scale)]
     cfg = compose_config("lmk.train", overrides)
     c = sections(cfg)
     c["eval"] = cfg.get("eval")
@@ -119,7 +121,6 @@ def sweep_estimate(spec_path: str, scale_name: str, rows: Sequence[str], gpu: st
     train.job_wall_s = verdict.wall_s if verdict else job.wall_s
     train.durations = [train.job_wall_s] * len(trained)
     train.device_s = train.job_wall_s * gpus * len(trained)
-    rescored = [r for r in rows if by_id[r].scoring_of is not None]
     if ev is not None and rescored:
         ev.notes.append(f"{len(rescored)} of the {len(rows)} rows evaluate another row's trained model (scoring_of: "
                         f"{', '.join(rescored)}): counted here by shard, no training; they run as one job per row "
