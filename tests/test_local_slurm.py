@@ -97,6 +97,8 @@ def test_slurmdbd_conf_names_the_database_and_the_pid_file_status_reads():
     settings = _settings(conf.slurmdbd_conf("vm", "secret"))
     assert settings["StorageType"] == "accounting_storage/mysql" and settings["StoragePass"] == "secret"
     assert settings["StorageLoc"] == conf.DB_NAME and settings["PidFile"] == str(conf.SLURMDBD.pidfile)
+    # both daemons hide other users' jobs: with slurm.conf's alone, sacct still shows them (the lock-verdict test)
+    assert settings["PrivateData"] == "jobs" == _settings(conf.slurm_conf("vm", 12000))["PrivateData"]
 
 
 def test_hosts_gain_the_node_names_once():

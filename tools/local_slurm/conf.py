@@ -112,6 +112,8 @@ StorageHost=localhost
 StorageUser={DB_USER}
 StoragePass={password}
 StorageLoc={DB_NAME}
+# slurm.conf's PrivateData binds squeue only; sacct asks slurmdbd, which shows every user's jobs unless told too
+PrivateData=jobs
 """
 
 
