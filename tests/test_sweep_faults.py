@@ -21,7 +21,9 @@ from lmk.hub.mirror import STARTED, incomplete, mark_complete
 from lmk.run import faults
 from lmk.run import lock as run_lock
 from lmk.run.results import read_results, update_results
+from lmk.sweep.driver import main as sweep_main
 from lmk.sweep.driver import mark_interrupted
+from lmk.sweep.spec import load_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -169,6 +171,19 @@ def test_eval_stage_skips_rows_whose_training_did_not_finish(tmp_path):
     assert "eval" in read_results(train / "done") and "eval" not in read_results(train / "killed")
 
 
+def test_a_fault_plan_naming_a_row_the_table_lacks_is_refused_before_anything_runs(tmp_path, capsys, monkeypatch):
+    """A fault for a row that is not in the spec would never fire, and the rehearsal would pass without it."""
+    plan = tmp_path / "plan.yaml"
+    plan.write_text("faults:\n  - {kind: requeue, row: lmk-fixed64, step: 1}\n")
+    for var in (faults.ENV_PLAN, faults.ENV_STATE):  # restored after the test (a plan that loads sets them)
+        monkeypatch.setenv(var, "")
+    code = sweep_main([str(ROOT / "experiments/decoder/spec.yaml"), "--scale", "tiny", "--faults", str(plan),
+                       "--out", str(tmp_path / "out"), "--dry-run"])
+    err = capsys.readouterr().err
+    assert code == 2 and "names rows ['lmk-fixed64'] that" in err and "lmk-fixed-64" in err, err
+    assert not (tmp_path / "out").exists() and not os.environ.get(faults.ENV_PLAN)
+
+
 def test_fault_plan_is_validated_and_each_fault_fires_once(tmp_path, monkeypatch):
     plan = tmp_path / "plan.yaml"
     plan.write_text("faults:\n  - {kind: kil, row: a, step: 1}\n")
@@ -180,6 +195,10 @@ def test_fault_plan_is_validated_and_each_fault_fires_once(tmp_path, monkeypatch
     assert faults.resolve_plan("bad-day", ROOT / "experiments" / "table2") == \
         ROOT / "experiments" / "table2" / "faults" / "bad-day.yaml"
     assert {f.kind for f in faults.load_plan(ROOT / "experiments/table2/faults/bad-day.yaml")} == set(faults.KINDS)
+    for shipped in sorted(ROOT.glob("experiments/*/faults/*.yaml")):  # each names rows its table has
+        spec_rows = {r.id for r in load_spec(shipped.parents[1] / "spec.yaml").rows}
+        named = {f.row for f in faults.load_plan(shipped) if f.row}
+        assert named and named <= spec_rows, (shipped, named - spec_rows)
 
     plan.write_text("faults:\n  - {kind: kill, row: a, step: 1, rank: 1}\n"
                     "  - {kind: partial_download, repo: mteb/scifact}\n")
