@@ -25,6 +25,9 @@ ROOT = Path(__file__).resolve().parents[1]
 TOKEN = "hf_stand_in_write_token"
 TEXTS = ["Landmarks summarise the chunk before them.", "", "The sky is blue. The grass is green. " * 20]
 REPO = "lmk-test/tiny-lmk-fixed-32"
+# a tiny sweep that pushes, then six fresh interpreters against the stand-in hub (its env is read at import, so they
+# cannot be forked): 100 s of the fast suite's 725. The fast suite keeps the export and loading (tests/test_sharing.py)
+pytestmark = pytest.mark.slow
 
 
 def _env(hub: HubServer, home: Path, token: str | None = TOKEN) -> dict[str, str]:

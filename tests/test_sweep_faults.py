@@ -21,9 +21,8 @@ from lmk.hub.mirror import STARTED, incomplete, mark_complete
 from lmk.run import faults
 from lmk.run import lock as run_lock
 from lmk.run.results import read_results, update_results
-from lmk.sweep.driver import main as sweep_main
-from lmk.sweep.driver import mark_interrupted
-from lmk.sweep.spec import load_spec
+from lmk.sweep import load_spec, mark_interrupted
+from lmk.sweep import main as sweep_main
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))

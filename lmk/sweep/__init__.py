@@ -17,7 +17,7 @@ in that namespace package).
 from lmk import interface
 
 __all__, __getattr__ = interface(__name__, {
-    "lmk.sweep.driver": ("mark_interrupted",),
+    "lmk.sweep.driver": ("main", "mark_interrupted"),
     "lmk.sweep.eval_stage": ("merge", "model_fingerprint", "trained_fingerprint"),
     "lmk.sweep.hub_mirror": ("prepare",),
     "lmk.sweep.jobs": ("ENTRY_CONFIG", "compose_config", "job_id", "job_overrides", "plan", "plan_shards",
