@@ -44,6 +44,9 @@ def lora_rows(tmp_path_factory) -> Path:
            *LAUNCH]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    # the sweep returns once the results are in, while SLURM may still hold the last job's nodes for a moment: the
+    # cluster is left idle, as the next test expects it (tests/test_local_slurm.py reads the node states)
+    assert _cluster_up(), "the nodes did not come back idle after the LoRA rows"
     return out
 
 
