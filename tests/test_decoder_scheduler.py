@@ -6,7 +6,6 @@ with the uninterrupted row's losses and adapter weights, bit for bit."""
 
 from __future__ import annotations
 
-import csv
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +16,7 @@ import torch
 from lmk.run.results import read_results
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_scheduler import _cluster_up  # noqa: E402
+from test_scheduler import _cluster_up, _losses, _weights  # noqa: E402
 from test_train import ENV  # noqa: E402
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(1800)]  # two two-node rows, one requeued: about 2 min here
@@ -50,15 +49,6 @@ def lora_rows(tmp_path_factory) -> Path:
     return out
 
 
-def _losses(run_dir: Path) -> list[tuple[int, float]]:
-    with open(run_dir / "metrics.csv", newline="") as fh:
-        return [(int(r["step"]), float(r["train/loss"])) for r in csv.DictReader(fh) if r.get("train/loss")]
-
-
-def _adapters(run_dir: Path) -> dict[str, torch.Tensor]:
-    return torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)["state_dict"]
-
-
 def test_a_requeued_lora_row_resumes_and_ends_with_the_uninterrupted_loss_and_adapters(lora_rows):
     ref, requeued = read_results(lora_rows / "ref"), read_results(lora_rows / "requeued")
     assert ref["status"] == requeued["status"] == "done", (ref.get("error"), requeued.get("error"))
@@ -69,7 +59,7 @@ def test_a_requeued_lora_row_resumes_and_ends_with_the_uninterrupted_loss_and_ad
     assert [s for s, _ in _losses(lora_rows / "requeued")] == list(range(STEPS))  # every step logged once
     assert _losses(lora_rows / "requeued") == _losses(lora_rows / "ref")  # the final loss included
     assert requeued["metrics"]["train/loss"] == ref["metrics"]["train/loss"]
-    a, b = _adapters(lora_rows / "ref"), _adapters(lora_rows / "requeued")
+    a, b = _weights(lora_rows / "ref"), _weights(lora_rows / "requeued")  # a LoRA run's: its adapters
     # 2 layers x 7 target modules x (A, B): the frozen base is not in the checkpoint
     assert len(a) == 2 * 7 * 2 and all(".lora_A." in k or ".lora_B." in k for k in a)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

@@ -44,7 +44,7 @@ import json
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -120,8 +120,10 @@ def _fault(entry: Any, where: str) -> Fault:
     return Fault(**values)
 
 
-def load_plan(path: str | os.PathLike) -> list[Fault]:
-    """The faults of a plan file; ValueError (one line, naming the fix) for a malformed plan."""
+def load_plan(path: str | os.PathLike, rows: Collection[str] | None = None) -> list[Fault]:
+    """The faults of a plan file; ValueError (one line, naming the fix) for a malformed plan, or for one naming a
+    row outside `rows` (the table's rows, where given): such a fault would never fire, and a rehearsal would pass
+    without it."""
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"fault plan {path} does not exist; name a file of experiments/<table>/faults/ or a path")
@@ -134,6 +136,10 @@ def load_plan(path: str | os.PathLike) -> list[Fault]:
     dupes = sorted({i for i in ids if ids.count(i) > 1})
     if dupes:
         raise ValueError(f"fault plan {path}: faults {dupes} are listed twice; keep one of each")
+    strangers = sorted({f.row for f in faults if f.row and f.row not in rows}) if rows is not None else []
+    if strangers:
+        raise ValueError(f"fault plan {path} names rows {strangers} that its table does not have; name one of its rows: "
+                         f"{', '.join(rows)}")
     return faults
 
 
@@ -145,9 +151,11 @@ def resolve_plan(name: str, spec_dir: str | os.PathLike) -> Path:
     return (Path(spec_dir) / "faults" / f"{name}.yaml").resolve()
 
 
-def activate(plan: str | os.PathLike, state_dir: str | os.PathLike) -> list[Fault]:
-    """Validate `plan` and publish it to this process's children (every job of the sweep)."""
-    faults = load_plan(plan)
+def activate(plan: str | os.PathLike, state_dir: str | os.PathLike,
+             rows: Collection[str] | None = None) -> list[Fault]:
+    """Validate `plan` (against the table's `rows`, where given) and publish it to this process's children (every
+    job of the sweep)."""
+    faults = load_plan(plan, rows)
     Path(state_dir).mkdir(parents=True, exist_ok=True)
     os.environ[ENV_PLAN] = str(Path(plan).resolve())
     os.environ[ENV_STATE] = str(Path(state_dir).resolve())
