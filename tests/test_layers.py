@@ -100,3 +100,37 @@ def test_a_sweep_driver_reads_configs_and_costs_without_the_model_stack() -> Non
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip() == "[]", proc.stdout
+
+
+@pytest.mark.parametrize("evaluates", [["eval=none"], ["eval=local", "eval.in_training=none"]],
+                         ids=["eval-none", "eval-stage-only"])
+def test_a_training_job_that_evaluates_nothing_loads_no_mteb(tmp_path, evaluates) -> None:
+    """A training job that evaluates nothing (eval=none; or eval.in_training=none, as at paper scale, where the eval
+    stage evaluates): its checks before compute and its callbacks pass without mteb's registry, which costs each
+    rank seconds of start-up. The sweeper's check of the same job still resolves every task name of the suite."""
+    code = ("import sys\n"
+            "from pathlib import Path\n"
+            "from hydra import compose, initialize_config_dir\n"
+            "from lmk.config import CONF_DIR, ConfigError\n"
+            "from lmk.hub.artifacts import check_available\n"
+            "from lmk.train.command import validate_job\n"
+            "from lmk.train.fit import build_callbacks\n"
+            "with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):\n"
+            f"    cfg = compose('train', overrides=['experiment=tiny', 'run_dir={tmp_path}', *{evaluates!r}])\n"
+            "typed = validate_job(cfg, in_job=True)\n"
+            "check_available(cfg)\n"
+            f"callbacks = build_callbacks(typed, Path({str(tmp_path)!r}), has_logger=False, config_hash='x')\n"
+            "print(len(callbacks), 'mteb' in sys.modules)\n"
+            "if cfg.eval.tasks:\n"
+            "    cfg.eval.tasks = [*cfg.eval.tasks, 'LocalPaskey']\n"
+            "    try:\n"
+            "        validate_job(cfg)\n"
+            "    except ConfigError as err:\n"
+            "        print('sweeper:', err)\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.strip().splitlines()
+    count, loaded = next(line for line in lines if line.split()[0].isdigit()).split()
+    assert int(count) >= 1 and loaded == "False", proc.stdout
+    if "eval=local" in evaluates:
+        assert any(line.startswith("sweeper:") and "LocalPaskey" in line for line in lines), proc.stdout

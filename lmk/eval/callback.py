@@ -21,8 +21,6 @@ import lightning.pytorch as pl
 import torch
 
 from lmk.config.eval import EvalConfig
-from lmk.eval.runner import run_suite
-from lmk.eval.suites import build_tasks
 from lmk.run.results import update_results
 
 log = logging.getLogger(__name__)
@@ -57,6 +55,8 @@ class EvalCallback(pl.Callback):
     def _build_tasks(self) -> list[Any]:
         # Built once (names + network checked, local data regenerated), reused at every eval.
         if self._tasks is None:
+            from lmk.eval.suites import build_tasks  # mteb: loaded by a job that evaluates, not by every rank
+
             self._tasks = build_tasks(self.cfg)
         return self._tasks
 
@@ -73,6 +73,8 @@ class EvalCallback(pl.Callback):
             model = _embedding_model(pl_module)
             _check_device(self.cfg.device, pl_module.device)
             log.info("eval suite %s at step %d%s", self.cfg.name, step, " (fit end)" if final else "")
+            from lmk.eval.runner import run_suite  # mteb, with the suites: loaded where a job evaluates
+
             section = run_suite(
                 model,
                 self.cfg,

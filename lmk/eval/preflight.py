@@ -11,9 +11,9 @@ from typing import Any
 
 from lmk.config.data import LOCAL_SOURCE as LOCAL_DATA
 from lmk.config.data import is_named_source
+from lmk.config.eval import EvalConfig
 from lmk.config.schema import UserError
 from lmk.config.schema import get_key as _get
-from lmk.eval.suites import check_task_names
 from lmk.hub import mirror
 from lmk.hub.artifacts import check_available, data_sources, eval_task_names
 from lmk.hub.offline import is_hub_id
@@ -51,17 +51,28 @@ def check_model_paths(encoder: Any) -> None:
 
 def check_eval_tasks(eval_cfg: Any) -> None:
     """Every eval task name resolves (mteb's registry, offline; or a local task)."""
-    check_task_names(eval_task_names(eval_cfg))
+    names = eval_task_names(eval_cfg)
+    if names:  # a job that evaluates nothing (eval=none) never loads mteb: seconds per rank
+        from lmk.eval.suites import check_task_names  # mteb's registry: only for names to check
+
+        check_task_names(names)
 
 
-def preflight(cfg: Any, artifacts: bool = False) -> None:
+def preflight(cfg: Any, artifacts: bool = False, evaluated_only: bool = False) -> None:
     """Checks that need no compute: local data paths exist, eval task names resolve and (artifacts=True)
     offline, every hub artifact the job loads is on disk. The row sweeper runs it on every job before launching
     without `artifacts` (also on a laptop that plans a cluster sweep); the jobs themselves (lmk.train,
-    lmk.evaluate) run it with `artifacts` on the node that computes, before any model is built."""
+    lmk.evaluate) run it with `artifacts` on the node that computes, before any model is built.
+
+    `evaluated_only`: a training job checks the task names of the part of the suite it evaluates
+    (`eval.in_training`); the sweeper checked every name before launching it, and a rank that evaluates nothing
+    then never loads mteb's registry."""
     mirror.configure(_get(_get(cfg, "hub"), "mirror"))
     check_data_paths(_get(cfg, "data"))
     check_model_paths(_get(cfg, "encoder"))
-    check_eval_tasks(_get(cfg, "eval"))
+    eval_cfg = _get(cfg, "eval")
+    if evaluated_only and eval_cfg is not None:
+        eval_cfg = EvalConfig.from_cfg(eval_cfg).training_view()
+    check_eval_tasks(eval_cfg)
     if artifacts:
         check_available(cfg)

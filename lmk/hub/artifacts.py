@@ -21,11 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import datasets
-import mteb
 from datasets.naming import camelcase_to_snakecase
 from huggingface_hub import constants
-from mteb.abstasks.aggregated_task import AbsTaskAggregate
-from mteb.get_tasks import _TASKS_REGISTRY
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from lmk.config.data import LOCAL_SOURCE as LOCAL_DATA
@@ -131,10 +128,15 @@ def data_artifacts(data: Any) -> list[Artifact]:
 @lru_cache(maxsize=1)
 def hub_task_names() -> frozenset[str]:
     """The names of every mteb task (their data is on the hub; no data is loaded). Local tasks are not among them."""
+    # mteb (seconds) loads here, once a suite names a task: a training job that evaluates nothing never does
+    from mteb.get_tasks import _TASKS_REGISTRY
+
     return frozenset(_TASKS_REGISTRY)  # mteb's own name -> class map (it has no public accessor)
 
 
 def _leaves(task: Any) -> list[Any]:
+    from mteb.abstasks.aggregated_task import AbsTaskAggregate  # mteb loads once a suite names a task
+
     return list(task.metadata.tasks) if isinstance(task, AbsTaskAggregate) else [task]
 
 
@@ -149,6 +151,8 @@ def eval_artifacts(eval_cfg: Any) -> list[Artifact]:
     if not names:
         return out
     options = _plain(_get(eval_cfg, "task_options")) or {}
+    import mteb  # loaded once a suite names a hub task (hub_task_names)
+
     for name in names:
         leaves = _leaves(mteb.get_task(name))
         for leaf in leaves:

@@ -25,16 +25,17 @@ from lmk.run.cli import hydra_task, run_app
 from lmk.train.trainer_args import validate_training
 
 
-def validate_job(cfg: Any) -> RootConfig:
+def validate_job(cfg: Any, in_job: bool = False) -> RootConfig:
     """Every check a training job passes before compute: the config (`lmk.config.validate`, the trainer section by
     Lightning's signature), then this machine (data paths, task names; `lmk.eval.preflight`). The row sweeper runs
-    it on every job before launching."""
+    it on every job before launching, every task name of the suite included; the job itself (`in_job`) checks the
+    names it evaluates in training."""
     typed = validate_training(cfg)
     # fast path: mteb's task registry (seconds) loads only once the config validated
     from lmk.eval.preflight import preflight
 
     try:
-        preflight(cfg)
+        preflight(cfg, evaluated_only=in_job)
     except (ValueError, RuntimeError) as err:  # one line on the console, naming the path or task
         raise ConfigError(str(err)) from err
     return typed
@@ -42,7 +43,7 @@ def validate_job(cfg: Any) -> RootConfig:
 
 def run(cfg: DictConfig) -> float | None:
     """Train one run from a composed config; returns the optimised metric (`train.monitor`)."""
-    typed = validate_job(cfg)  # the config fails in about a second, before torch / the model load
+    typed = validate_job(cfg, in_job=True)  # the config fails in about a second, before torch / the model load
     from lmk.hub.artifacts import check_available  # fast path: loaded once the config validated
 
     check_available(cfg)  # offline (HF_HUB_OFFLINE): every hub model / dataset this job loads is on disk
