@@ -39,8 +39,15 @@ def pytest_collection_modifyitems(config, items):
         if any(d.scope in ("module", "class") for fixdefs in defs.values() for d in fixdefs):
             item.add_marker(pytest.mark.xdist_group(item.module.__name__))
     if getattr(config.option, "loadgroup", False):  # set by xdist in its workers, where the order is decided
-        # a group is the longest unit a worker takes: sent first, the single tests fill the workers up at the end
-        items.sort(key=lambda item: item.get_closest_marker("xdist_group") is None)
+        # a group is the longest unit a worker takes: sent first; then the single tests by the time limit they
+        # declare (`pytest.mark.timeout`), longest first, so the short ones fill the workers up at the end instead
+        # of a five-minute test running alone on one core (CI's slow stage ended so)
+        items.sort(key=lambda item: (item.get_closest_marker("xdist_group") is None, -_declared_limit(item)))
+
+
+def _declared_limit(item: pytest.Item) -> float:
+    mark = item.get_closest_marker("timeout")
+    return float(mark.args[0]) if mark is not None and mark.args else 0.0
 
 
 @pytest.fixture(scope="session")
