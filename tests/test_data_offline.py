@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import time
 
+import numpy as np
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -125,3 +128,33 @@ def test_prose_corpus_is_deterministic_long_and_each_answer_is_in_its_document_o
         assert [d for d, t in norm.items() if s in t] == [doc]  # a local span of its document, of no other
     with pytest.raises(ValueError, match="allowed values: 1.."):
         prose.build_prose_corpus(n_docs=10_000)
+
+
+def test_top_hits_orders_by_score_and_gives_a_tie_to_the_lower_index():
+    scores = np.array([0.5, 2.0, 0.5, 3.0, 2.0, 0.5, 0.0], dtype=np.float32)
+    assert op.top_hits(scores, 4).tolist() == [3, 1, 4, 0]
+    assert op.top_hits(scores, 6).tolist() == [3, 1, 4, 0, 2, 5]
+    assert op.top_hits(scores, 99).tolist() == [3, 1, 4, 0, 2, 5, 6]
+    assert op.top_hits(np.zeros(5, dtype=np.float32), 3).tolist() == [0, 1, 2]
+
+
+_TIED = ([f"topic {i % 7} retrieval" for i in range(40)],
+         [f"topic {i % 7} shared words here about retrieval" + " extra" * (i % 3) for i in range(400)])
+_MINE = f"import json; from lmk.data import offline_pairs as op; print(json.dumps(op.mine_negatives(*{_TIED!r}, 4, 0)))"
+
+
+def test_mined_negatives_are_the_same_on_every_simd_target_numpy_dispatches_to():
+    """Scores with many ties (400 documents in 7 near-duplicate groups): the negatives mined in this process and in
+    one whose numpy may use no AVX-512 (`NPY_DISABLE_CPU_FEATURES`) are the same. bm25s's own top-k gave other
+    negatives on the two (an AVX2 and an AVX-512 machine trained other tables from the same code)."""
+    from numpy._core import _multiarray_umath as umath  # the targets this CPU has beyond the baseline
+
+    wide = [f for f in ("X86_V4", "AVX512_ICL", "AVX512_SPR") if umath.__cpu_features__.get(f)]
+    here = op.mine_negatives(*_TIED, 4, 0)
+    assert all(len(negs) == 4 and i not in negs for i, negs in enumerate(here))
+    if not wide:
+        pytest.skip("this CPU has no AVX-512: numpy has one sort kernel here, nothing to compare")
+    env = {**os.environ, "NPY_DISABLE_CPU_FEATURES": " ".join(wide)}
+    proc = subprocess.run([sys.executable, "-c", _MINE], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout) == here

@@ -48,7 +48,7 @@ from lmk.run.umask_files import cache_root
 
 log = logging.getLogger(__name__)
 
-CACHE_VERSION = 2  # 2: a BGE-layout repo (parquet shards + card) instead of jsonl files
+CACHE_VERSION = 3  # 2: a BGE-layout repo (parquet shards + card) instead of jsonl files; 3: BM25 ties by index
 DEFAULT_PACKAGES: tuple[str, ...] = ("stdlib", "numpy", "scipy", "pandas", "sklearn")
 SPLITS = ("train", "test")
 TEST_FRACTION = 0.1
@@ -169,6 +169,18 @@ def _split_of(query: str, test_fraction: float) -> str:
     return "test" if (h % 10_000) < test_fraction * 10_000 else "train"
 
 
+def top_hits(scores: np.ndarray, k: int) -> np.ndarray:
+    """The indices of the `k` highest scores, highest first, a tie going to the lower index. The same on every CPU:
+    bm25s's own top-k uses numpy's partition and sort kernels, which order tied scores by the CPU's SIMD (an AVX-512
+    machine mined other negatives than an AVX2 one from the same scores, and so trained other models)."""
+    k = min(k, len(scores))
+    if k <= 0:
+        return np.zeros(0, dtype=np.int64)
+    kth = np.partition(scores, len(scores) - k)[len(scores) - k]  # a value: the same whichever tie sits there
+    tied_or_above = np.flatnonzero(scores >= kth)  # ascending index; the stable sort keeps it among equal scores
+    return tied_or_above[np.argsort(-scores[tied_or_above], kind="stable")][:k]
+
+
 def mine_negatives(queries: list[str], docs: list[str], n_negatives: int, seed: int) -> list[list[int]]:
     """For query i (whose positive is docs[i]): n_negatives BM25 hard-negative doc indices != i."""
     n = len(docs)
@@ -177,11 +189,13 @@ def mine_negatives(queries: list[str], docs: list[str], n_negatives: int, seed: 
     k = min(n, _MINE_DEPTH + 1)
     retriever = bm25s.BM25()
     retriever.index(bm25s.tokenize(docs, stopwords="en", show_progress=False), show_progress=False)
-    hits, _ = retriever.retrieve(bm25s.tokenize(queries, stopwords="en", show_progress=False), k=k, show_progress=False)
+    tokens = bm25s.tokenize(list(queries), stopwords="en", return_ids=False, show_progress=False)
     rng = np.random.default_rng(seed)
     out = []
-    for i, row in enumerate(np.asarray(hits)):
-        cands = [int(j) for j in row if int(j) != i]
+    for i, toks in enumerate(tokens):
+        known = [t for t in toks if t in retriever.vocab_dict]
+        scores = retriever.get_scores(known) if known else np.zeros(n, dtype=np.float32)
+        cands = [int(j) for j in top_hits(scores, k) if int(j) != i]
         top = cands[: 2 * n_negatives]  # the strongest hits (not only the top few: fewer false negatives), sampled
         take = min(n_negatives, len(top))
         out.append([top[j] for j in sorted(rng.choice(len(top), size=take, replace=False))] if take else [])

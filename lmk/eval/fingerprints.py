@@ -49,9 +49,10 @@ PROSE_DOCS = 50  # conf/eval/table2-mini.yaml's longdoc_n_docs
 
 
 def cpu_simd() -> list[str]:
-    """The SIMD targets numpy dispatches to on this CPU (e.g. ["X86_V3"]; AVX-512 machines add more). The same
-    code and package versions gave other training pairs on another machine: BM25 hard negatives are picked among
-    tied scores, whose order numpy's sort kernels may set per CPU, so the CPU is part of the environment."""
+    """The SIMD targets numpy dispatches to on this CPU (e.g. ["X86_V3"]; AVX-512 machines add more), recorded
+    with the pins as where they were measured. Not part of the environment fingerprint: the one CPU-dependent step
+    (BM25 hard negatives among tied scores, once ordered by numpy's per-CPU sort kernels) breaks ties by index now
+    (`lmk.data.offline_pairs.top_hits`), and the sets are the same with AVX-512 on and off."""
     return [f for f in umath.__cpu_dispatch__ if umath.__cpu_features__.get(f)]
 
 
@@ -64,7 +65,7 @@ def environment() -> dict[str, Any]:
 
 def environment_fingerprint(env: dict[str, Any] | None = None) -> str:
     env = environment() if env is None else env
-    key = {"versions": env["versions"], "cpu": env.get("cpu", [])}
+    key = {"versions": env["versions"]}
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
 
 
