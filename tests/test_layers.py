@@ -4,6 +4,7 @@ torch-free config layer, no cycles), a tree a newcomer reads in a minute, and co
 from __future__ import annotations
 
 import ast
+import json
 import os
 import subprocess
 import sys
@@ -134,3 +135,28 @@ def test_a_training_job_that_evaluates_nothing_loads_no_mteb(tmp_path, evaluates
     assert int(count) >= 1 and loaded == "False", proc.stdout
     if "eval=local" in evaluates:
         assert any(line.startswith("sweeper:") and "LocalPaskey" in line for line in lines), proc.stdout
+
+
+@pytest.mark.parametrize("logger", ["none", "csv"])
+def test_an_evaluation_that_logs_to_no_tracker_loads_no_lightning(tmp_path, logger) -> None:
+    """`python -m lmk.evaluate` with `logger=none` (its default) loads no Lightning (seconds of start-up per eval
+    job: Lightning's import pulls torchmetrics, scipy.signal and torch._dynamo); with `logger=csv` it builds
+    Lightning's CSV logger and writes metrics.csv beside results.json (an evaluation has no Trainer to save it)."""
+    code = ("import json, sys\n"
+            "from hydra import compose, initialize_config_dir\n"
+            "from lmk.config import CONF_DIR\n"
+            "from lmk.eval.command import run\n"
+            "with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):\n"
+            "    cfg = compose('evaluate', overrides=['model=null', 'encoder=tiny-modernbert', 'pooling=mean',\n"
+            f"        'eval=local', 'eval.tasks=[LocalPasskey]', '~eval.groups', '+eval.groups={{p:[LocalPasskey]}}',\n"
+            f"        'eval.lengths=[256]', 'eval.n_docs=10', 'eval.n_queries=5', 'logger={logger}',\n"
+            "        'eval.show_progress=false'])\n"
+            f"section = run(cfg, run_dir={str(tmp_path / 'run')!r})\n"
+            "print(json.dumps({'lightning': 'lightning' in sys.modules, 'tasks': sorted(section['tasks'])}))\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "LMK_CACHE": str(tmp_path / "cache")})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["tasks"] == ["LocalPasskey"]
+    assert out["lightning"] is (logger == "csv"), out
+    assert (tmp_path / "run" / "metrics.csv").is_file() is (logger == "csv")

@@ -18,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from lmk.config import ConfigError, derive_seeds
 from lmk.config.eval import EvalConfig
+from lmk.config.schema import get_key
 from lmk.eval.prepared import attach, reading
 from lmk.eval.runner import run_suite
 from lmk.eval.suites import build_tasks
@@ -26,10 +27,21 @@ from lmk.model.device import resolve_device, resolve_precision
 from lmk.model.loading import load_model
 from lmk.model.multi_vector import no_landmarks
 from lmk.run.cli import group_overridden
-from lmk.run.loggers import build_logger, finish_loggers, use_hydra_logging
+from lmk.run.quiet_logging import use_hydra_logging
 from lmk.run.results import Timer, config_hash_of, git_commit, update_results
 
 log = logging.getLogger(__name__)
+
+
+def _experiment_loggers(logger_cfg: Any, run_dir: Path, resolved: dict[str, Any]) -> Any:
+    """The job's W&B / CSV loggers; None for `logger=none` (the default), which loads no Lightning."""
+    logger_cfg = logger_cfg or {"name": "none"}
+    if get_key(logger_cfg, "name", "csv") == "none":
+        return None
+    # Lightning's logger classes: seconds of start-up, paid by a job that logs only
+    from lmk.run.loggers import build_logger
+
+    return build_logger(logger_cfg, run_dir, resolved)
 
 
 def _record(cfg: DictConfig, info: dict[str, Any], section: dict[str, Any], out_dir: Path,
@@ -100,7 +112,7 @@ def evaluate(cfg: DictConfig, run_dir: str | os.PathLike | None = None, cross_po
         if not cache_dir:
             # a trained run's own cache: the fit-end eval of the same weights is reused, not recomputed
             cache_dir = Path(info["run_dir"]) / "mteb_cache" if info.get("run_dir") else run_dir / "mteb_cache"
-        loggers = build_logger(cfg.get("logger") or {"name": "none"}, run_dir, resolved)
+        loggers = _experiment_loggers(cfg.get("logger"), run_dir, resolved)
         # hub.prepared: the hub tasks read data prepared once for every job (the sweep's eval stage), so this job
         # writes no `datasets` cache and takes no lock in a shared folder
         with timer.section("eval"), reading(tasks, prepared_root) as prepared:
@@ -118,4 +130,7 @@ def evaluate(cfg: DictConfig, run_dir: str | os.PathLike | None = None, cross_po
                        traceback=traceback.format_exc(limit=20), timings=dict(timer.timings))
         raise
     finally:
-        finish_loggers(loggers, exit_code=exit_code)
+        if loggers is not None:
+            from lmk.run.loggers import finish_loggers  # loaded where a logger was built
+
+            finish_loggers(loggers, exit_code=exit_code)

@@ -15,7 +15,7 @@ import argparse
 from collections.abc import Sequence
 
 from lmk.eval.publish import publish
-from lmk.run.loggers import quiet_progress_bars
+from lmk.run.quiet_logging import quiet_progress_bars
 
 
 def parser() -> argparse.ArgumentParser:

@@ -47,7 +47,7 @@ from lmk.config.schema import UserError
 from lmk.eval.suites import build_tasks
 from lmk.eval.tasks import LOCAL_TASKS
 from lmk.hub import mirror
-from lmk.run.loggers import quiet_progress_bars
+from lmk.run.quiet_logging import quiet_progress_bars
 from lmk.run.umask_files import write_json
 
 log = logging.getLogger("lmk.eval.prepared")  # also under `python -m` (not "__main__")

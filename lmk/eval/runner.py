@@ -30,14 +30,14 @@ from lmk.eval.encoder import LmkEncoder
 from lmk.eval.maxsim import LmkMaxSimEncoder
 from lmk.eval.scoring import group_scores, metric_key, per_query_scores, split_key, summarize_scores
 from lmk.eval.suites import build_tasks
-from lmk.run.loggers import quiet_progress_bars
+from lmk.run.quiet_logging import quiet_progress_bars
 from lmk.run.umask_files import write_json
 
 if TYPE_CHECKING:
     from lmk.model.embedding import EmbeddingModel
 
 log = logging.getLogger(__name__)
-detail = logging.getLogger("lmk.eval.detail")  # the run's log file only (lmk.run.loggers.FILE_ONLY_LOGGERS)
+detail = logging.getLogger("lmk.eval.detail")  # the run's log file only (lmk.run.quiet_logging.FILE_ONLY_LOGGERS)
 
 PER_QUERY_FILE = "per_query.json"
 

@@ -7,7 +7,8 @@
     scheduler.py  what SLURM says of a job (alive, dead, unknown: never "nothing visible" read as dead)
     checkpoint_dir.py  a run folder's checkpoint files, torch-free (moving them aside, interrupted saves)
     faults.py   fault plans: a bad day rehearsed through the real path
-    loggers.py  W&B (offline without credentials, never fatal) + CSV; quiet console logging
+    loggers.py  W&B (offline without credentials, never fatal) + CSV: Lightning's logger classes
+    quiet_logging.py  one console line per event, the chatter in the log file; no progress bars for short work
     cli.py      a command line that does not compose -> one line on stderr
     cluster.py  Lightning's view of the ranks submitit's local executor starts
 """
@@ -24,8 +25,9 @@ __all__, __getattr__ = interface(__name__, {
     "lmk.run.environment": ("lock_hash",),
     "lmk.run.umask_files": ("cache_root", "follow_umask", "write_json"),
     "lmk.run.lock": ("job_identity",),
-    "lmk.run.loggers": ("WANDB_ID_FILE", "build_logger", "find_wandb", "finish_loggers", "quiet_progress_bars",
-                        "resolve_wandb_mode", "use_hydra_logging", "wandb_credentials", "wandb_info"),
+    "lmk.run.loggers": ("WANDB_ID_FILE", "build_logger", "find_wandb", "finish_loggers", "resolve_wandb_mode",
+                        "wandb_credentials", "wandb_info"),
+    "lmk.run.quiet_logging": ("quiet_progress_bars", "use_hydra_logging"),
     "lmk.run.results": ("EvalRecord", "Results", "STATUS_DONE", "Timer", "config_hash_of", "git_commit",
                         "read_results", "update_results"),
     "lmk.run.scheduler": ("slurm_job",),

@@ -4,7 +4,7 @@
   row sweeper prints one start and one result line per row. `job_output` sends the job's stdout and stderr (the
   third-party bars, W&B's banners, warnings, Lightning's messages) into the job's log file, next to the log
   records Hydra writes there, and keeps the real stdout for `console_stream()`.
-- A single run keeps Hydra's console: lmk's lines, Lightning's, warnings (`lmk.run.loggers.use_hydra_logging`).
+- A single run keeps Hydra's console: lmk's lines, Lightning's, warnings (`lmk.run.quiet_logging.use_hydra_logging`).
 - `LMK_VERBOSE=1` (or Hydra's `hydra.verbose=true`) shows everything on the console again, as before.
 """
 

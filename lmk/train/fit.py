@@ -35,14 +35,8 @@ from lmk.run import faults
 from lmk.run import lock as run_lock
 from lmk.run.cluster import cluster_plugins, submitit_rank
 from lmk.run.console import redirected
-from lmk.run.loggers import (
-    build_logger,
-    find_wandb,
-    finish_loggers,
-    quiet_progress_bars,
-    use_hydra_logging,
-    wandb_info,
-)
+from lmk.run.loggers import build_logger, find_wandb, finish_loggers, wandb_info
+from lmk.run.quiet_logging import quiet_progress_bars, use_hydra_logging
 from lmk.run.results import STATUS_DONE, Results, Timer, config_hash_of, git_commit, update_results
 from lmk.train.checkpoints import AtomicCheckpointIO, ResumePoint, newest_valid, read_info, resume_point
 from lmk.train.fault_hooks import FaultCallback
