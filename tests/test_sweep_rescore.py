@@ -13,7 +13,7 @@ import yaml
 
 from lmk.config.eval import EvalConfig
 from lmk.run.results import read_results, update_results
-from lmk.sweep.jobs import rescore_block, train_block, zeroshot_block
+from lmk.sweep.jobs import compose_config, rescore_block, shard_overrides, train_block, zeroshot_block
 from lmk.sweep.spec import SpecError, load_spec, validate_spec
 from lmk.sweep.table_renderer import aggregate
 
@@ -42,9 +42,23 @@ def test_scoring_rows_train_nothing_and_evaluate_their_rows_model(scale: str, tm
     (job,) = block.jobs()  # only rows whose trained model exists (a fingerprint) are scored
     assert job.row == "lmk-fixed-32-maxsim"
     assert f"model={tmp_path / 'train' / 'lmk-fixed-32'}" in job.overrides
-    assert "++model_fingerprint=fp32" in job.overrides and "eval.scoring=maxsim" in job.overrides
+    assert "++model_fingerprint='fp32'" in job.overrides and "eval.scoring=maxsim" in job.overrides
     suite = EvalConfig.from_cfg(job.compose().eval)  # the suite the trained rows are evaluated on
     assert suite.scoring == "maxsim" and set(suite.groups) >= {c.group for c in scale_.columns}
+
+
+@pytest.mark.parametrize("fingerprint", ["0716311804438561", "1716311804438561", "12e4567890123456", "ab12cd34ef56ab78"])
+def test_a_fingerprint_of_digits_reaches_the_job_as_the_string_the_stage_compares(fingerprint: str,
+                                                                                  tmp_path: Path) -> None:
+    """A model fingerprint is 16 hex digits; one of decimal digits only (or digits around one `e`) was read by
+    Hydra as a number, so the eval stage found the row's finished shards stale and reported them not done."""
+    spec = load_spec(SPEC)
+    tiny = spec.scale("tiny")
+    (rescore,) = rescore_block(tiny, spec.rows_for(tiny), tmp_path / "train",
+                               fingerprints={"lmk-fixed-32": fingerprint}).jobs()
+    shard = shard_overrides(tmp_path / "train" / "cls", ["LocalShort"], "short", "cls", fingerprint)
+    for overrides in (shard, rescore.overrides):
+        assert compose_config("lmk.evaluate", overrides).model_fingerprint == fingerprint
 
 
 def test_the_zero_shot_block_scores_each_untrained_lmk_row_by_maxsim_too() -> None:

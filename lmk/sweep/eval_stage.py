@@ -100,7 +100,7 @@ def merge(rows: Sequence[str], train_dir: str | Path, eval_dir: str | Path, suit
                 status[shard] = "missing"
                 continue
             res = Results.from_dict(raw)
-            if res.config.get("model_fingerprint") != fp:
+            if str(res.config.get("model_fingerprint")) != fp:  # str: an int where a sweep's override was unquoted
                 status[shard] = "stale (other weights)"
                 continue
             if res.status != STATUS_DONE:

@@ -127,8 +127,15 @@ def rescore_block(scale: Scale, rows: Sequence[Row], train_dir: Path, hub: Seque
         if fingerprints is not None and fp is None:
             continue
         jobs[row.id] = [f"model={train_dir / trained}", *row.overrides,
-                        *([f"++model_fingerprint={fp}"] if fp else []), f"++train_row={trained}"]
+                        *fingerprint_override(fp), f"++train_row={trained}"]
     return Block(RESCORE, "lmk.evaluate", tuple(suite_overrides(scale, hub)), jobs) if jobs else None
+
+
+def fingerprint_override(fingerprint: str | None) -> list[str]:
+    """The override that tags an `lmk.evaluate` job with the model it scores; none without a fingerprint. Quoted:
+    Hydra reads an unquoted value of decimal digits only (`1716311804438561`) as an int, which the eval stage then
+    never found equal to the fingerprint string, and re-ran the row's shards as stale."""
+    return [f"++model_fingerprint='{fingerprint}'"] if fingerprint else []
 
 
 def stage_overrides(scale: Scale, hub: Sequence[str] = ()) -> list[str]:
@@ -168,7 +175,7 @@ def plan_shards(suite: EvalConfig, shard_by: str = "group") -> dict[str, list[st
 def shard_overrides(run: Path, tasks: Sequence[str], shard: str, row: str, fingerprint: str | None) -> list[str]:
     """One eval-stage job: the trained model of `run` on `tasks` (groups are merged per row afterwards)."""
     return [f"model={run}", f"eval.tasks=[{','.join(tasks)}]", "~eval.groups", "eval.in_training=all",
-            *([f"++model_fingerprint={fingerprint}"] if fingerprint else []), f"++eval_shard={shard}",
+            *fingerprint_override(fingerprint), f"++eval_shard={shard}",
             f"++train_row={row}"]
 
 
