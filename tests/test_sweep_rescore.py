@@ -13,7 +13,7 @@ import yaml
 
 from lmk.config.eval import EvalConfig
 from lmk.run.results import read_results, update_results
-from lmk.sweep.jobs import compose_config, rescore_block, shard_overrides, train_block, zeroshot_block
+from lmk.sweep.jobs import compose_config, plan, rescore_block, train_block, zeroshot_block
 from lmk.sweep.spec import SpecError, load_spec, validate_spec
 from lmk.sweep.table_renderer import aggregate
 
@@ -53,12 +53,15 @@ def test_a_fingerprint_of_digits_reaches_the_job_as_the_string_the_stage_compare
     """A model fingerprint is 16 hex digits; one of decimal digits only (or digits around one `e`) was read by
     Hydra as a number, so the eval stage found the row's finished shards stale and reported them not done."""
     spec = load_spec(SPEC)
-    tiny = spec.scale("tiny")
+    tiny, rehearsal = spec.scale("tiny"), spec.scale("rehearsal")
     (rescore,) = rescore_block(tiny, spec.rows_for(tiny), tmp_path / "train",
                                fingerprints={"lmk-fixed-32": fingerprint}).jobs()
-    shard = shard_overrides(tmp_path / "train" / "cls", ["LocalShort"], "short", "cls", fingerprint)
-    for overrides in (shard, rescore.overrides):
-        assert compose_config("lmk.evaluate", overrides).model_fingerprint == fingerprint
+    stage = next(b for b in plan(rehearsal, spec.rows_for(rehearsal), tmp_path, fingerprints={"cls": fingerprint})
+                 if b is not None and b.name == "eval")
+    shard = stage.jobs()[0]
+    assert shard.row.startswith("cls")
+    for job in (shard, rescore):
+        assert compose_config("lmk.evaluate", job.overrides).model_fingerprint == fingerprint
 
 
 def test_the_zero_shot_block_scores_each_untrained_lmk_row_by_maxsim_too() -> None:
