@@ -48,7 +48,8 @@ $(STAMP): pyproject.toml requirements.lock
 # sharing a module-scoped fixture stays on one worker, which builds it once; tests/conftest.py gives each worker
 # its share of the cores as torch threads); WORKERS=1 runs it in one process. The slow suite (end to end: the
 # tests the fast one leaves out for time) runs the same way: on 2 cores its 33 tests of then took 20 min on two
-# workers against 35 in one (its DDP ranks, fault timeouts and jobs pass as in one process); 64 tests take 26 min.
+# workers against 35 in one (its DDP ranks, fault timeouts and jobs pass as in one process); 63 tests take 22 min
+# (beside the scheduler tests, on an AVX-512 EPYC).
 WORKERS ?= auto
 # Bytecode on for the tests, where a machine turns it off (PYTHONDONTWRITEBYTECODE=1, as some container images do):
 # pytest then rewrites the asserts of every test module again in each worker, about 9 s a process here.
