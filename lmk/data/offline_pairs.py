@@ -169,6 +169,13 @@ def _split_of(query: str, test_fraction: float) -> str:
     return "test" if (h % 10_000) < test_fraction * 10_000 else "train"
 
 
+def bm25_scores(retriever: bm25s.BM25, tokens: Sequence[str], n_docs: int) -> np.ndarray:
+    """BM25 score of one tokenized query against every indexed document; tokens the index never saw count for
+    nothing (zeros when none is known: bm25s fails on an empty query)."""
+    known = [t for t in tokens if t in retriever.vocab_dict]
+    return retriever.get_scores(known) if known else np.zeros(n_docs, dtype=np.float32)
+
+
 def top_hits(scores: np.ndarray, k: int) -> np.ndarray:
     """The indices of the `k` highest scores, highest first, a tie going to the lower index. The same on every CPU:
     bm25s's own top-k uses numpy's partition and sort kernels, which order tied scores by the CPU's SIMD (an AVX-512
@@ -193,9 +200,7 @@ def mine_negatives(queries: list[str], docs: list[str], n_negatives: int, seed: 
     rng = np.random.default_rng(seed)
     out = []
     for i, toks in enumerate(tokens):
-        known = [t for t in toks if t in retriever.vocab_dict]
-        scores = retriever.get_scores(known) if known else np.zeros(n, dtype=np.float32)
-        cands = [int(j) for j in top_hits(scores, k) if int(j) != i]
+        cands = [int(j) for j in top_hits(bm25_scores(retriever, toks, n), k) if int(j) != i]
         top = cands[: 2 * n_negatives]  # the strongest hits (not only the top few: fewer false negatives), sampled
         take = min(n_negatives, len(top))
         out.append([top[j] for j in sorted(rng.choice(len(top), size=take, replace=False))] if take else [])

@@ -30,7 +30,7 @@ import bm25s
 import numpy as np
 
 from lmk.data.hub import BGE_FULL_DATA_ID, ensure_built_folder
-from lmk.data.offline_pairs import load_offline_pairs, offline_fingerprint
+from lmk.data.offline_pairs import bm25_scores, load_offline_pairs, offline_fingerprint
 from lmk.run.umask_files import cache_root
 
 REPLICA_VERSION = 1
@@ -71,8 +71,7 @@ def bm25_teacher_scores(queries: Sequence[str], passages: Sequence[Sequence[str]
     tokens = bm25s.tokenize(list(queries), stopwords="en", return_ids=False, show_progress=False)
     out = []
     for toks, ps in zip(tokens, passages, strict=True):
-        known = [t for t in toks if t in retriever.vocab_dict]
-        scores = retriever.get_scores(known) if known else np.zeros(len(pool))
+        scores = bm25_scores(retriever, toks, len(pool))
         out.append([round(float(scores[where[p]]), 4) for p in ps])
     return out
 
