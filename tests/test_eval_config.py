@@ -9,7 +9,8 @@ from omegaconf import OmegaConf
 
 from lmk.config.eval import LENGTHS, EvalConfig, EvalConfigError
 from lmk.eval.callback import build_eval_callback
-from lmk.eval.suites import UnknownTaskError, build_tasks, check_task_names
+from lmk.eval.suites import build_tasks
+from lmk.eval.task_names import UnknownTaskError, check_task_names
 
 CONF = Path(__file__).resolve().parents[1] / "conf" / "eval"
 

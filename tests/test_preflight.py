@@ -43,7 +43,7 @@ def test_misspelt_task_fails_validation_naming_the_closest() -> None:
         validate_job(cfg)
     assert "'SciFactz'" in str(err.value) and "SciFact" in str(err.value)
     from lmk.eval.command import validate_config
-    from lmk.eval.suites import UnknownTaskError
+    from lmk.eval.task_names import UnknownTaskError
 
     with pytest.raises(UnknownTaskError, match="LocalPaskey"):
         validate_config(_compose("evaluate", ["eval=table2-tiny", "eval.tasks=[LocalShort,LocalPaskey]"]))
@@ -76,7 +76,7 @@ def test_sweep_dry_run_fails_naming_the_row_and_the_thing(tmp_path: Path, row: s
 
 def test_misspelt_task_options_key_is_named() -> None:
     from lmk.eval.command import validate_config
-    from lmk.eval.suites import UnknownTaskError
+    from lmk.eval.task_names import UnknownTaskError
 
     cfg = _compose("evaluate", ["eval=mldr-eng", "+eval.task_options.MultiLongDocRetrival={eval_splits:[test]}"])
     with pytest.raises(UnknownTaskError, match="MultiLongDocRetrival"):

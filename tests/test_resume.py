@@ -79,3 +79,68 @@ def test_resume_state_is_in_the_checkpoint(tmp_path):
     assert ckpt["PairDataModule"]["sampler"] == {"seed": 0, "epoch": 0, "consumed": 2 * 4}
     assert set(ckpt["callbacks"]["ExactResume"]["rng"]) >= {"torch", "numpy", "python"}
     assert json.loads((tmp_path / "r" / "results.json").read_text())["status"] == "done"
+
+
+@pytest.mark.slow  # five tiny 16-step runs: about a minute on 2 quiet cores
+def test_killed_at_an_epoch_boundary_resume_matches_uninterrupted_run(tmp_path):
+    """24 pairs / batch 4 = 6 batches an epoch. Killed right after a checkpoint at the epoch's last batch (step 6)
+    and right after one at the next epoch's first batch (step 7), dropout on: each resumed run logs the
+    uninterrupted run's loss at every step and ends with its weights. (Creating an epoch's DataLoader iterator draws
+    from torch's generator: the RNG states go back before that draw at an epoch's end, after it mid-epoch.)"""
+    pairs = write_pairs(tmp_path / "pairs.jsonl")
+    ref = tmp_path / "ref"
+    in_process(ref, pairs, *SETUP)  # its checkpoints (every 5) change no draw: the same losses as any cadence
+    for every, kill_at in ((6, 7), (7, 8)):
+        run = tmp_path / f"run-{every}"
+        setup = [*SETUP[:2], f"train.checkpoint_every_n_steps={every}", *SETUP[3:]]
+        cmd = [sys.executable, "-c", KILLER, str(kill_at), *overrides(run, pairs, *setup)]
+        killed = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+        assert killed.returncode == -9, killed.stderr[-3000:]
+        in_process(run, pairs, *setup)
+        res = results(run)
+        assert res["status"] == "done" and res["resume"]["step"] == every, (every, res.get("resume"))
+        assert losses(run) == losses(ref), every
+        a, b = final_weights(ref), final_weights(run)
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), every
+
+
+def test_the_checkpoint_says_whether_it_ends_an_epoch(tmp_path):
+    """The state the resume reads: a checkpoint at an epoch's last batch says so, one mid-epoch does not."""
+    pairs = write_pairs(tmp_path / "pairs.jsonl")  # 6 batches an epoch
+    for steps, at_end in ((6, True), (4, False)):
+        in_process(tmp_path / f"r{steps}", pairs, f"trainer.max_steps={steps}")
+        ckpt = torch.load(tmp_path / f"r{steps}" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+        assert ckpt["callbacks"]["ExactResume"]["epoch_end"] is at_end, steps
+
+
+@pytest.mark.slow  # three 2-rank submitit jobs and a rerun: about 3 min on 2 quiet cores
+@pytest.mark.timeout(1200)
+def test_ddp_rank_killed_after_an_epoch_end_checkpoint_resumes_as_uninterrupted(tmp_path):
+    """Two DDP ranks (submitit's local executor), dropout on, 24 pairs / (2 ranks x batch 4) = 3 steps an epoch:
+    rank 1 of row `victim` is SIGKILLed once the checkpoint of step 3 (the epoch's last batch) is written; the same
+    command again resumes it there, and it logs the losses and ends with the weights of row `ref`, the same
+    config never interrupted."""
+    from test_sweep_faults import _row_sweep
+
+    from lmk.run import faults
+
+    pairs = write_pairs(tmp_path / "pairs.jsonl")
+    plan = tmp_path / "plan.yaml"
+    plan.write_text("faults:\n  - {kind: kill, row: victim, rank: 1, step: 3}\n")
+    env = {**ENV, faults.ENV_PLAN: str(plan), faults.ENV_STATE: str(tmp_path / "state")}
+    out, rows = tmp_path / "sweep", {"ref": ["pooling=lmk-variable"], "victim": ["pooling=lmk-variable"]}
+    args = ("launcher=submitit_local", "trainer=ddp-cpu", "launcher.tasks_per_node=2", "trainer.max_steps=7",
+            "train.checkpoint_every_n_steps=1", "trainer.log_every_n_steps=1", "eval.in_training=none",
+            f"data.sources=[{{path:'{pairs}'}}]", "data.max_rows=null", "seed=5",
+            "+encoder.config_overrides.embedding_dropout=0.1")
+    first = _row_sweep(out, rows, *args, env=env)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    assert results(out / "victim")["status"] == "failed" and results(out / "ref")["status"] == "done"
+    again = _row_sweep(out, rows, *args, env=env)  # the same command: the fault fired once
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    res = results(out / "victim")
+    assert res["status"] == "done" and res["resume"]["step"] == 3 and res["timings"]["fit_steps"] == 4
+    assert [s for s, _ in losses(out / "victim")] == list(range(7))
+    assert losses(out / "victim") == losses(out / "ref")
+    a, b = final_weights(out / "ref"), final_weights(out / "victim")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

@@ -28,6 +28,11 @@ OVERWRITE_STRATEGIES: tuple[str, ...] = ("only-missing", "always")
 SCORINGS: tuple[str, ...] = ("single", "maxsim")
 MAXSIM_QUERIES: tuple[str, ...] = ("landmarks", "tokens")
 TASK_OPTION_KEYS: tuple[str, ...] = ("eval_splits", "hf_subsets", "languages")
+# The local tasks (data made offline), by mteb task name: each is an `@local_task` class of lmk.eval.tasks, which
+# refuses a class not declared here; declared torch- and mteb-free, so a misspelt task fails before mteb loads.
+LOCAL_TASK_NAMES: tuple[str, ...] = ("LocalPasskey", "LocalNeedle", "LocalLongDoc", "LocalProse", "LocalShort",
+                                     "RulerNiahSingle", "RulerNiahMultiKey", "RulerNiahMultiValue",
+                                     "RulerNiahMultiQuery")
 
 
 def no_landmarks_message(pooling: str, pooler: str) -> str:

@@ -75,6 +75,17 @@ class TrainSection(Coercible):
 # from its caller (lmk.train.trainer_args.trainer_arguments): it returns every argument, Lightning's defaults filled.
 TRAINER_TARGET = "lightning.pytorch.Trainer"
 TrainerArguments = Callable[[dict[str, Any]], dict[str, Any]]
+# Lightning's defaults of the Trainer arguments lmk's own rules read (tests/test_config.py holds them to the
+# signature): with them every rule runs once before Lightning loads, so a wrong setting that needs no signature
+# fails in about a second; the signature check (a typo in `trainer:`) comes after, and the rules run again on its
+# values.
+RULES_READ_DEFAULTS: dict[str, Any] = {"max_steps": -1, "max_epochs": None, "accumulate_grad_batches": 1,
+                                       "devices": "auto", "num_nodes": 1, "precision": None, "strategy": "auto"}
+
+
+def _rules_view(section: dict[str, Any]) -> dict[str, Any]:
+    """The section as lmk's rules read it, Lightning's defaults for the keys it does not set; no Lightning."""
+    return {**RULES_READ_DEFAULTS, **section}
 
 
 def _trainer(section: Any, arguments: TrainerArguments) -> SimpleNamespace:
@@ -200,11 +211,11 @@ def derive_seeds(cfg: Any) -> Any:
     return out
 
 
-def validate(cfg: Any, trainer_arguments: TrainerArguments) -> RootConfig:
+def validate(cfg: Any, trainer_arguments: TrainerArguments | None) -> RootConfig:
     """The typed, checked root config; raises ConfigError on the first bad key or value. It reads nothing from
     this machine (the entry points' preflight does, after this). `trainer_arguments` checks the trainer section
-    against Lightning's signature (lmk.train.trainer_args; called after every other section, so a typo elsewhere
-    fails before Lightning loads)."""
+    against Lightning's signature (lmk.train.trainer_args; called after every rule has run on the section as written,
+    so a wrong setting elsewhere fails before Lightning loads); None: the rules alone, Lightning never loads."""
     plain = to_container(cfg)
     plain.pop("hydra", None)
     for part in SEEDED_PARTS:  # as `derive_seeds`: the typed sections carry the seeds the run uses
@@ -222,8 +233,16 @@ def validate(cfg: Any, trainer_arguments: TrainerArguments) -> RootConfig:
     for key in ("encoder", "pooling", "data"):
         if getattr(root, key) is None:
             raise ConfigError(f"{key} is missing: select one with `{key}=<option>` (see conf/{key}/)")
-    root.trainer = _trainer(trainer, trainer_arguments)
-    _cross_checks(root)
+    try:  # every rule first, on the section as written: no Lightning import before a rule can refuse
+        root.trainer = _trainer(trainer, _rules_view)
+        _cross_checks(root)
+    except ConfigError:
+        raise
+    except (TypeError, ValueError, AttributeError):
+        pass  # a value of the wrong type: Lightning's signature check names it
+    if trainer_arguments is not None:
+        root.trainer = _trainer(trainer, trainer_arguments)
+        _cross_checks(root)
     return root
 
 

@@ -3,6 +3,7 @@
     command.py    the entry point (torch-free until the config validated); evaluation.py: one model, one suite
     preflight.py  checks before compute that read this machine (data paths, task names, hub data on disk)
     suites.py     suite config -> mteb tasks (names checked, hub tasks pointed at the mirror)
+    task_names.py  task names checked before mteb loads (local names declared in lmk.config.eval, mteb's cached)
     tasks.py      local tasks (@local_task): regenerated passkey / needle, long documents, docstrings
     encoder.py    the mteb encoder adapter around EmbeddingModel
     runner.py     run_suite: mteb.evaluate per task, resumable cache, per-query scores; build_encoder (the scoring)
@@ -30,7 +31,8 @@ __all__, __getattr__ = interface(__name__, {
     "lmk.eval.runner": ("build_encoder", "run_suite"),
     "lmk.eval.scoring": ("LONGEMBED6", "group_scores", "load_per_query", "longembed6_score", "paired_ttest",
                          "per_query_scores", "pytrec_measure", "summarize_scores"),
-    "lmk.eval.suites": ("UnknownTaskError", "build_tasks", "check_task_names"),
+    "lmk.eval.suites": ("build_tasks",),
+    "lmk.eval.task_names": ("UnknownTaskError", "check_task_names", "valid_task_names"),
     "lmk.eval.tasks": ("LOCAL_TASKS", "LOCAL_TASK_CLASSES", "LocalNeedle", "LocalPasskey", "LocalShort",
                        "RulerNiahMultiKey", "RulerNiahMultiQuery", "RulerNiahMultiValue", "RulerNiahSingle",
                        "build_local_task", "local_task"),

@@ -14,6 +14,7 @@ from lmk.config.data import is_named_source
 from lmk.config.eval import EvalConfig
 from lmk.config.schema import UserError
 from lmk.config.schema import get_key as _get
+from lmk.eval.task_names import check_task_names
 from lmk.hub import mirror
 from lmk.hub.artifacts import check_available, data_sources, eval_task_names
 from lmk.hub.offline import is_hub_id
@@ -53,9 +54,7 @@ def check_eval_tasks(eval_cfg: Any) -> None:
     """Every eval task name resolves (mteb's registry, offline; or a local task)."""
     names = eval_task_names(eval_cfg)
     if names:  # a job that evaluates nothing (eval=none) never loads mteb: seconds per rank
-        from lmk.eval.suites import check_task_names  # mteb's registry: only for names to check
-
-        check_task_names(names)
+        check_task_names(names)  # mteb's registry names, cached per mteb version: mteb loads once per version
 
 
 def preflight(cfg: Any, artifacts: bool = False, evaluated_only: bool = False) -> None:

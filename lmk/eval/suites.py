@@ -6,47 +6,18 @@ Hub tasks come from `mteb.get_task` (reading the hub mirror when it holds their 
 
 from __future__ import annotations
 
-import difflib
 import logging
-from collections.abc import Sequence
-from functools import lru_cache
 
 import mteb
 from mteb.abstasks.abstask import AbsTask
 from mteb.abstasks.aggregated_task import AbsTaskAggregate
 
-from lmk.config.eval import EvalConfig, EvalConfigError
+from lmk.config.eval import EvalConfig
+from lmk.eval.task_names import check_task_names
 from lmk.eval.tasks import LOCAL_TASKS, build_local_task
-from lmk.hub.artifacts import hub_task_names
 from lmk.hub.mirror import apply_mirror
 
 logger = logging.getLogger(__name__)
-
-
-class UnknownTaskError(EvalConfigError):
-    """A task name that is neither an mteb task nor a local task."""
-
-
-@lru_cache(maxsize=1)
-def valid_task_names() -> tuple[str, ...]:
-    """Local task names, then every mteb task name (no data is loaded)."""
-    return (*LOCAL_TASKS, *sorted(hub_task_names()))
-
-
-def check_task_names(names: Sequence[str]) -> None:
-    """Raise UnknownTaskError for the first unknown names, listing the closest valid names."""
-    known = set(valid_task_names())
-    problems = []
-    for name in names:
-        if name in known:
-            continue
-        close = difflib.get_close_matches(name, valid_task_names(), n=5, cutoff=0.6)
-        problems.append(f"{name!r} (closest: {', '.join(close) if close else 'none'})")
-    if problems:
-        raise UnknownTaskError(
-            "unknown eval task(s): " + "; ".join(problems)
-            + f". Local tasks are {list(LOCAL_TASKS)}; hub task names are mteb's (mteb.get_tasks())."
-        )
 
 
 def build_tasks(cfg: EvalConfig) -> list[AbsTask]:

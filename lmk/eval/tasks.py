@@ -24,7 +24,7 @@ from mteb.abstasks.task_metadata import TaskMetadata
 from mteb.tasks.retrieval.eng.lemb_needle_retrieval import LEMBNeedleRetrieval
 from mteb.tasks.retrieval.eng.lemb_passkey_retrieval import LEMBPasskeyRetrieval
 
-from lmk.config.eval import EvalConfig
+from lmk.config.eval import LOCAL_TASK_NAMES, EvalConfig
 from lmk.data import longdocs, longembed, offline_pairs, prose, ruler
 from lmk.data.retrieval import RetrievalCorpus
 
@@ -125,6 +125,9 @@ LOCAL_TASK_CLASSES: dict[str, type[_InMemoryRetrieval]] = {}
 def local_task(cls: type[_InMemoryRetrieval]) -> type[_InMemoryRetrieval]:
     """Class decorator: register a local task under its `metadata.name` (a duplicate name is an error)."""
     name = cls.metadata.name
+    if name not in LOCAL_TASK_NAMES:
+        raise ValueError(f"local task {name!r} ({cls.__qualname__}) is not declared: add its name to "
+                         "lmk.config.eval.LOCAL_TASK_NAMES (config checks read task names from there, before mteb loads)")
     if name in LOCAL_TASK_CLASSES:
         raise ValueError(f"local task {name!r} is registered twice ({LOCAL_TASK_CLASSES[name].__qualname__} and "
                          f"{cls.__qualname__}); give each task its own metadata name")

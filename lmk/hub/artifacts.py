@@ -16,12 +16,9 @@ import json
 import logging
 import re
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-import datasets
-from datasets.naming import camelcase_to_snakecase
 from huggingface_hub import constants
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
@@ -32,6 +29,7 @@ from lmk.config.schema import UserError
 from lmk.config.schema import get_key as _get
 from lmk.hub import mirror
 from lmk.hub.offline import hub_offline, is_hub_id
+from lmk.hub.task_registry import hub_task_names
 
 log = logging.getLogger(__name__)
 
@@ -123,15 +121,6 @@ def data_artifacts(data: Any) -> list[Artifact]:
             out.append(Artifact("dataset", path, src.get("revision"), src.get("subset"), _plain(src.get("data_files")),
                                 what=f"training data {src.get('name') or path}"))
     return out
-
-
-@lru_cache(maxsize=1)
-def hub_task_names() -> frozenset[str]:
-    """The names of every mteb task (their data is on the hub; no data is loaded). Local tasks are not among them."""
-    # mteb (seconds) loads here, once a suite names a task: a training job that evaluates nothing never does
-    from mteb.get_tasks import _TASKS_REGISTRY
-
-    return frozenset(_TASKS_REGISTRY)  # mteb's own name -> class map (it has no public accessor)
 
 
 def _leaves(task: Any) -> list[Any]:
@@ -240,6 +229,10 @@ def _in_datasets_cache(art: Artifact) -> Path | None:
     moved into place only once complete: `datasets` prepares into an `.incomplete` folder), else None."""
     if art.kind != "dataset" or (art.task and art.config is None):
         return None  # an mteb task without a config reads several (corpus, queries, qrels): the manifest decides
+    # fast path: `datasets` (a second or more) loads where a cache is looked into, not when a config is checked
+    import datasets
+    from datasets.naming import camelcase_to_snakecase
+
     base = Path(datasets.config.HF_DATASETS_CACHE)
     owner, name = art.repo_id.split("/")
     for folder_name in dict.fromkeys((f"{owner}___{camelcase_to_snakecase(name)}", f"{owner}___{name}",

@@ -1,6 +1,7 @@
 """Run infrastructure: what every command needs around its work, below the model and the data.
 
     results.py  <run_dir>/results.json (merged, atomic), config hash, git commit, timings
+    cpu_kernels.py  the instruction set a pinned CPU run computes with, set for its jobs and recorded
     environment.py  requirements.lock: its hash and what the installed environment differs in (results.json)
     umask_files.py  atomic JSON writes, umask-following permissions, the lmk cache folder
     lock.py     one live owner per run folder (run.lock), finished-folder reuse
@@ -22,6 +23,7 @@ __all__, __getattr__ = interface(__name__, {
     "lmk.run.cluster": ("SubmititEnvironment", "cluster_plugins", "emulate_slurm", "slurm_task_env",
                         "submitit_rank", "under_submitit_local"),
     "lmk.run.console": ("console_stream", "interactive", "redirected", "verbose"),
+    "lmk.run.cpu_kernels": ("KERNEL_SETS", "in_use", "switches"),
     "lmk.run.environment": ("lock_hash",),
     "lmk.run.umask_files": ("cache_root", "follow_umask", "write_json"),
     "lmk.run.lock": ("job_identity",),

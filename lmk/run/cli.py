@@ -17,17 +17,15 @@ import functools
 import logging
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, TextIO
 
-from hydra import compose, initialize_config_dir
 from hydra._internal.utils import get_args_parser
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import CompactHydraException, HydraException
 from hydra.types import RunMode
 from omegaconf.errors import OmegaConfBaseException
 
-from lmk.config import CONF_DIR
 from lmk.config.schema import UserError, is_user_error
 from lmk.run.console import job_log_file, job_output
 
@@ -37,6 +35,7 @@ log = logging.getLogger(__name__)
 _OWN_FULL_ERROR = "_LMK_SET_HYDRA_FULL_ERROR"
 # A user error of a single (non-multirun) job, reported by run_app once Hydra has finished the run.
 _PENDING: list[BaseException] = []
+_TASKS_STARTED: list[bool] = []  # one entry per task call: an error before any is Hydra's composition error
 
 
 def full_errors() -> bool:
@@ -97,6 +96,7 @@ def hydra_task(task: Callable[[Any], Any]) -> Callable[[Any], Any]:
 
     @functools.wraps(task)
     def wrapped(cfg: Any) -> Any:
+        _TASKS_STARTED.append(True)
         multirun = _multirun()
         try:
             with job_output(job_log_file() if multirun else None):
@@ -163,20 +163,6 @@ def one_line(exc: BaseException) -> str:
     return "; ".join(out) if out else type(exc).__name__
 
 
-def composition_error(config_name: str, argv: Sequence[str]) -> str | None:
-    """Compose `config_name` with the command line's overrides: the one-line error, or None if it composes
-    (or if the command line asks Hydra for something else: help, --cfg, a multirun, another config dir)."""
-    args, _ = get_args_parser().parse_known_args(list(argv))
-    if any(getattr(args, flag, None) for flag in _HYDRA_ONLY):
-        return None
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        try:
-            compose(config_name, overrides=list(args.overrides), return_hydra_config=True)
-        except (HydraException, OmegaConfBaseException) as exc:
-            return one_line(exc)
-    return None
-
-
 def run_app(app: Callable[[], Any], config_name: str) -> None:
     """Run a `@hydra.main` app: a command line that does not compose exits 1 with one line on stderr, a user error
     (`lmk.config.UserError`) anywhere in the run exits 1 with its two lines; other errors keep their traceback."""
@@ -185,10 +171,9 @@ def run_app(app: Callable[[], Any], config_name: str) -> None:
         os.environ.pop(_OWN_FULL_ERROR, None)
         app()
         return
-    error = composition_error(config_name, sys.argv[1:])
-    if error is not None:
-        print(error, file=sys.stderr)
-        raise SystemExit(1)
+    args, _ = get_args_parser().parse_known_args(sys.argv[1:])
+    hydra_only = any(getattr(args, flag, None) for flag in _HYDRA_ONLY)
+    _TASKS_STARTED.clear()
     saved = {k: os.environ.get(k) for k in ("HYDRA_FULL_ERROR", _OWN_FULL_ERROR)}
     os.environ.update({"HYDRA_FULL_ERROR": "1", _OWN_FULL_ERROR: "1"})  # Hydra raises; reported below
     try:
@@ -198,6 +183,11 @@ def run_app(app: Callable[[], Any], config_name: str) -> None:
             report(err)
             raise SystemExit(1) from None
         if isinstance(err, CompactHydraException):  # Hydra's own compact errors: its message, as Hydra prints it
+            print(one_line(err), file=sys.stderr)
+            raise SystemExit(1) from None
+        if not hydra_only and not _TASKS_STARTED and isinstance(err, HydraException | OmegaConfBaseException):
+            # the command line did not compose (the task never ran): one line, not Hydra's report; composing it
+            # here, not in a dry run first, saves a second composition on every start
             print(one_line(err), file=sys.stderr)
             raise SystemExit(1) from None
         raise

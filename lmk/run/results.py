@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from lmk.config.eval import EvalConfig
+from lmk.run.cpu_kernels import in_use as cpu_kernels_in_use
 from lmk.run.environment import environment_info
 from lmk.run.umask_files import write_json
 
@@ -155,7 +156,7 @@ def update_results(run_dir: str | os.PathLike, *, fresh: bool = False, **section
     merged = _deep_merge({} if fresh else read_results(run_dir), sections)
     # every results.json names the environment lock it was computed under (and what differed from it);
     # a later writer under another lock is recorded beside the first, never in its place
-    env = environment_info()
+    env = {**environment_info(), "cpu_kernels": cpu_kernels_in_use()}  # the kernels: what decides a CPU run's floats
     first = merged.setdefault("environment", dict(env))
     if first.get("lock") != env.get("lock") or first.get("differs_from_lock") != env.get("differs_from_lock"):
         others = first.setdefault("also_written_under", [])

@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 from lmk.config import CONF_DIR, UserError
+from lmk.run.cpu_kernels import switches
 
 CONTEXTS = ("short", "long")
 RESCORE = "rescore"  # the block (and sweep sub-folder) of the rows scored from another row's model (`scoring_of`)
@@ -68,6 +69,8 @@ class Scale:
     include_optional: bool = False
     launcher: str | None = None
     env: dict[str, str] = field(default_factory=dict)
+    # the CPU kernel set every job computes with (lmk.run.cpu_kernels; its switches are in `env`): the pinned scales
+    cpu_kernels: str | None = None
     description: str = ""
     # The evaluation stage (lmk.sweep.eval_stage): {overrides: [lmk.evaluate overrides, e.g. eval=table2-paper],
     # shard_by: group | task, launcher_overrides: [...]}; empty: the training jobs evaluate.
@@ -129,6 +132,13 @@ def group_options(conf_dir: Path, group: str) -> list[str]:
     return sorted(p.stem for p in (conf_dir / group).glob("*.yaml"))
 
 
+def _kernel_env(path: str | Path, name: Any) -> dict[str, str]:
+    try:
+        return switches(None if name is None else str(name))
+    except ValueError as exc:
+        raise SpecError(f"{path}: {exc}") from exc
+
+
 def load_spec(path: str | Path) -> TableSpec:
     path = Path(path)
     if not path.exists():
@@ -149,7 +159,9 @@ def load_spec(path: str | Path) -> TableSpec:
                 zero_shot=bool(s.get("zero_shot", False)),
                 zero_shot_overrides=list(s.get("zero_shot_overrides", [])),
                 include_optional=bool(s.get("include_optional", False)),
-                launcher=s.get("launcher"), env={str(k): str(v) for k, v in (s.get("env") or {}).items()},
+                launcher=s.get("launcher"),
+                env={**_kernel_env(path, s.get("cpu_kernels")), **{str(k): str(v) for k, v in (s.get("env") or {}).items()}},
+                cpu_kernels=s.get("cpu_kernels"),
                 description=str(s.get("description", "")).strip(),
                 eval_stage=dict(s.get("eval_stage") or {}),
                 hub_mirror=dict(s.get("hub_mirror") or {}),

@@ -20,7 +20,8 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig
 
-from lmk.config import CONF_DIR, ConfigError, RootConfig
+from lmk.config import CONF_DIR, ConfigError, RootConfig, validate
+from lmk.eval.preflight import preflight
 from lmk.run.cli import hydra_task, run_app
 from lmk.train.trainer_args import validate_training
 
@@ -29,16 +30,14 @@ def validate_job(cfg: Any, in_job: bool = False) -> RootConfig:
     """Every check a training job passes before compute: the config (`lmk.config.validate`, the trainer section by
     Lightning's signature), then this machine (data paths, task names; `lmk.eval.preflight`). The row sweeper runs
     it on every job before launching, every task name of the suite included; the job itself (`in_job`) checks the
-    names it evaluates in training."""
-    typed = validate_training(cfg)
-    # fast path: mteb's task registry (seconds) loads only once the config validated
-    from lmk.eval.preflight import preflight
-
+    names it evaluates in training. What needs no heavy import runs first: lmk's rules, then the paths and task
+    names (mteb's, cached), then the trainer section by Lightning's signature (its import: seconds)."""
+    validate(cfg, None)
     try:
         preflight(cfg, evaluated_only=in_job)
     except (ValueError, RuntimeError) as err:  # one line on the console, naming the path or task
         raise ConfigError(str(err)) from err
-    return typed
+    return validate_training(cfg)
 
 
 def run(cfg: DictConfig) -> float | None:

@@ -5,8 +5,12 @@ What makes it exact, and where:
 - data order: `EpochSampler`'s position in the epoch, checkpointed through `PairDataModule.state_dict`;
 - negatives and variable chunk draws: seeded from each batch's sample keys (no state to save);
 - dropout and anything else on the global generators: `ExactResume` saves the torch / numpy / python
-  RNG states in the checkpoint and puts them back just before the first resumed batch (after the
-  DataLoader iterator, which draws a seed from torch's generator, has been created);
+  RNG states in the checkpoint and puts them back where the uninterrupted run had them. Creating an epoch's
+  DataLoader iterator draws a seed from torch's generator, so where matters: a checkpoint taken mid-epoch was
+  taken after its epoch's draw, and its states go back just before the first resumed batch (after the
+  resumed run's iterator drew); a checkpoint taken at an epoch's last batch was taken before the next
+  epoch's draw, and its states go back as the checkpoint loads, so the resumed run's first iterator draws
+  what the uninterrupted run's next epoch drew;
 - metrics.csv: rows the killed run logged after its last checkpoint are dropped, so each step is
   logged once;
 - W&B: the run id is kept in `<run_dir>/wandb_run_id`; a resumed run continues it (`resume="allow"`).
@@ -94,6 +98,7 @@ class ExactResume(pl.Callback):
         self.run_dir = Path(run_dir)
         self.config_hash = config_hash
         self._pending: dict[str, Any] | None = None
+        self._resumed = False
 
     def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                            checkpoint: dict[str, Any]) -> None:
@@ -103,14 +108,25 @@ class ExactResume(pl.Callback):
     def state_key(self) -> str:
         return "ExactResume"  # fixed, not the class name: a subclass still restores the state
 
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._trainer = trainer
+
     def state_dict(self) -> dict[str, Any]:
-        return {"rng": _rng_states()}
+        trainer = getattr(self, "_trainer", None)
+        epoch_end = bool(trainer is not None and trainer.fit_loop.epoch_loop.batch_progress.is_last_batch)
+        return {"rng": _rng_states(), "epoch_end": epoch_end}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._resumed = True
+        if state_dict.get("epoch_end") and state_dict.get("rng") is not None:
+            # before the resumed run creates its first DataLoader iterator (see the module docstring)
+            _set_rng_states(state_dict["rng"])
+            self._pending = None
+            return
         self._pending = state_dict.get("rng")
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self._pending is not None and trainer.is_global_zero:
+        if self._resumed and trainer.is_global_zero:
             dropped = trim_metrics(self.run_dir, trainer.global_step)
             if dropped:
                 log.info("resume at step %d: dropped %d metrics.csv rows logged after that checkpoint",
