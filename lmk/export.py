@@ -1,19 +1,18 @@
-"""`python -m lmk.export <run dir>`: the command is `lmk.eval.export_command` (a run -> a shareable folder, the hub).
+"""`python -m lmk.export <run dir>`: the command is `lmk.sharing.command` (a run -> a shareable folder, the hub).
+Also the stable import path that folders written before the code travelled name in their modules.json:
+`lmk.export.LandmarkTransformer` / `lmk.export.LandmarkPooling`."""
 
-Also the stable import path of lmk's sentence-transformers modules: folders written before the code travelled name
-`lmk.export.LandmarkTransformer` / `lmk.export.LandmarkPooling` in their modules.json.
-"""
-
+from lmk.model.exported import LegacyPoolerLoader, load_exported
 from lmk.model.landmark import LandmarkTransformer
-from lmk.model.st_folder import LegacyExportPooling, export_sentence_transformers, load_exported
+from lmk.sharing.st_folder import export_sentence_transformers
 
-LandmarkPooling = LegacyExportPooling  # the name old folders' modules.json gives (not the LMK pooler: LMKPooling)
-__all__ = ["LandmarkPooling", "LandmarkTransformer", "export_sentence_transformers", "load_exported"]
+LandmarkPooling = LegacyPoolerLoader  # old folders' modules.json name only: a loader, not the LMK pooler (LMKPooling)
+__all__ = ["LandmarkTransformer", "export_sentence_transformers", "load_exported"]
 
 if __name__ == "__main__":
     import sys
 
-    from lmk.eval.export_command import main
     from lmk.run.cli import guard
+    from lmk.sharing.command import main
 
     sys.exit(guard(main)())  # a user error (no token, an unfinished run): what is wrong and the fix, exit 2

@@ -32,7 +32,7 @@ IMPORT_TIME_ENV = ("HF_", "HUGGINGFACE", "TRANSFORMERS_", "SENTENCE_TRANSFORMERS
                    "CUDA", "PYTHON", "OMP_", "MKL_", "OPENBLAS", "KMP_", "LD_", "HOME", "XDG_", "WANDB_DIR")
 # What the entry points import (not the entry modules themselves: `python -m` runs those fresh, as `__main__`).
 PRELOAD = ("torch", "lightning.pytorch", "transformers", "sentence_transformers", "mteb", "hydra", "omegaconf",
-           "datasets", "wandb", "peft", "lmk.train.command", "lmk.eval.command", "lmk.eval.export_command",
+           "datasets", "wandb", "peft", "lmk.train.command", "lmk.eval.command", "lmk.sharing.command",
            "lmk.sweep.driver", "lmk.model.landmark")
 
 _server: subprocess.Popen | None = None

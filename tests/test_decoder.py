@@ -197,7 +197,7 @@ def test_landmarks_go_in_the_text_not_in_the_instruction(decoder, placement) -> 
 def test_an_instruction_travels_as_a_sentence_transformers_prompt(decoder, tmp_path) -> None:
     from sentence_transformers import SentenceTransformer
 
-    from lmk.model.st_folder import export_sentence_transformers
+    from lmk.sharing.st_folder import export_sentence_transformers
 
     texts = ["what is landmark pooling", "a second query about decoders and their landmarks"]
     ref = decoder.encode(texts, prompt=INSTRUCTION)

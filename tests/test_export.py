@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -23,7 +24,7 @@ from lmk.config import registry
 from lmk.export import LandmarkTransformer, export_sentence_transformers, load_exported
 from lmk.model.embedding import EmbeddingModel
 from lmk.model.landmark import Pooler
-from lmk.model.st_folder import code_files
+from lmk.sharing.st_folder import code_files
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
@@ -209,6 +210,9 @@ def test_an_export_written_before_the_code_travelled_loads(fixture) -> None:
     model = load_exported(folder)
     got = model.encode(expected["texts"], side="passage", max_length=expected["max_length"])
     np.testing.assert_allclose(got, want, atol=1e-6)
-    st = SentenceTransformer(str(folder), trust_remote_code=True, device="cpu")
+    with warnings.catch_warnings(record=True) as caught:  # the names its modules.json gives are no deprecated paths
+        warnings.simplefilter("always")
+        st = SentenceTransformer(str(folder), trust_remote_code=True, device="cpu")
+    assert not [w for w in caught if "is deprecated: use lmk" in str(w.message)]
     assert isinstance(st[0], LandmarkTransformer) and isinstance(st[1], Pooler)
     np.testing.assert_allclose(st.encode(expected["texts"]), want, atol=1e-6)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from transformers.dynamic_module_utils import get_imports, get_relative_import_files
 
-from lmk.model.st_folder import CODE_DIR, code_files
+from lmk.sharing.st_folder import CODE_DIR, code_files
 
 # what an environment with sentence-transformers has anyway (its own requirements and theirs)
 ALLOWED = {"torch", "transformers", "sentence_transformers", "numpy", "regex"}

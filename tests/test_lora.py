@@ -19,8 +19,9 @@ from sentence_transformers import SentenceTransformer
 from test_train import ENV, ROOT, in_process, losses, overrides, results, write_pairs
 
 from lmk.model.embedding import EmbeddingModel
+from lmk.model.exported import load_exported
 from lmk.model.loading import load_model
-from lmk.model.st_folder import export_sentence_transformers, load_exported
+from lmk.sharing.st_folder import export_sentence_transformers
 from lmk.train.module import ContrastiveModule
 
 CONF = ROOT / "conf"

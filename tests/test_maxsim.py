@@ -192,8 +192,8 @@ def test_evaluate_an_export_with_maxsim_records_the_scoring(lmk_model: Embedding
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     import lmk.eval.command as evaluate
     import lmk.eval.evaluation as evaluation
-    from lmk.model.st_folder import export_sentence_transformers
     from lmk.run.results import Results
+    from lmk.sharing.st_folder import export_sentence_transformers
 
     rc = RetrievalCorpus.from_records("planted", "test", [{"id": f"d{i}", "text": t} for i, t in enumerate(DOCS)],
                                       [{"id": f"q{i}", "text": t} for i, t in enumerate(DOCS)],

@@ -18,12 +18,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from lmk.config.eval import EvalConfig  # noqa: E402
 from lmk.data.retrieval import RetrievalCorpus  # noqa: E402
 from lmk.eval.maxsim import maxsim_scores  # noqa: E402
-from lmk.eval.publish import PublishError, write_folder  # noqa: E402
 from lmk.eval.runner import run_suite  # noqa: E402
 from lmk.eval.tasks import LocalShort  # noqa: E402
 from lmk.model.embedding import EmbeddingModel  # noqa: E402
+from lmk.model.exported import load_exported  # noqa: E402
 from lmk.model.multi_vector import encode_states  # noqa: E402
-from lmk.model.st_folder import export_multi_vector, export_sentence_transformers, load_exported  # noqa: E402
+from lmk.sharing.publish import PublishError, write_folder  # noqa: E402
+from lmk.sharing.st_folder import export_multi_vector, export_sentence_transformers  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -75,7 +76,7 @@ def test_sentence_transformers_alone_gives_lmks_landmark_states(model: Embedding
 
 def test_the_mask_module_keeps_what_lmk_scores(model: EmbeddingModel) -> None:
     """In process (fast): the exported pipeline's vectors are lmk's MaxSim vectors, for both query choices."""
-    from lmk.model.st_folder import to_multi_vector_encoder
+    from lmk.sharing.st_folder import to_multi_vector_encoder
 
     for queries in ("landmarks", "tokens"):
         mve = to_multi_vector_encoder(model, queries=queries)

@@ -19,7 +19,7 @@ from hub_server import HubServer
 
 from lmk.model.embedding import EmbeddingModel
 from lmk.model.loading import load_model
-from lmk.model.st_folder import export_sentence_transformers
+from lmk.sharing.st_folder import export_sentence_transformers
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKEN = "hf_stand_in_write_token"
@@ -100,7 +100,7 @@ def test_a_fresh_download_loads_without_lmk_and_embeds_as_lmk(hub, swept, tmp_pa
 
 
 def test_mteb_loads_the_pushed_model_from_its_hub_id(hub, swept, tmp_path) -> None:
-    code = ("from lmk.eval.mteb_model import model_meta\n"
+    code = ("from lmk.sharing import model_meta\n"
             f"meta = model_meta({REPO!r}); model = meta.load_model()\n"
             "print(meta.name, meta.revision, meta.license, model.mteb_model_meta.name, model.query_max_length)")
     proc = _run([sys.executable, "-c", code], _env(hub, tmp_path / "cache"))

@@ -24,9 +24,9 @@ from hydra import compose, initialize_config_dir
 
 import lmk.eval.command as evaluate
 from lmk.config import ConfigError
-from lmk.eval.publish import PublishError, write_folder
 from lmk.eval.tasks import LOCAL_TASK_CLASSES
-from lmk.model.st_folder import ExportFolderError, load_exported
+from lmk.model.exported import ExportFolderError, load_exported
+from lmk.sharing.publish import PublishError, write_folder
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
@@ -118,7 +118,7 @@ def test_one_folder_one_default(scored, tmp_path) -> None:
     import mteb
     from sentence_transformers import SentenceTransformer
 
-    from lmk.eval.mteb_model import model_meta
+    from lmk.sharing import model_meta
 
     out = write_folder(scored, tmp_path / "published").folder
     settings = json.loads((out / "landmark_config.json").read_text())
@@ -222,7 +222,7 @@ def test_only_mteb_tasks_enter_the_model_index(scored) -> None:
     import mteb
     from mteb.results import TaskResult
 
-    from lmk.eval.card import eval_results
+    from lmk.sharing.card import eval_results
 
     local = TaskResult.from_disk(next((scored / "mteb_cache").rglob("LocalShort.json")))
     real = local.model_copy(update={"task_name": "SciFact"})
@@ -230,3 +230,45 @@ def test_only_mteb_tasks_enter_the_model_index(scored) -> None:
     assert [e.dataset_name for e in entries] == ["MTEB SciFact (default)"]
     assert entries[0].dataset_type == mteb.get_task("SciFact").metadata.dataset["path"]
     assert (entries[0].metric_type, entries[0].metric_name) == ("ndcg_at_10", "nDCG@10")
+
+
+OLD_PATHS = [("lmk.eval.publish", "write_folder", "lmk.sharing.publish"),
+             ("lmk.eval.card", "eval_results", "lmk.sharing.card"),
+             ("lmk.eval.mteb_model", "model_meta", "lmk.sharing.mteb_model"),
+             ("lmk.eval.export_command", "main", "lmk.sharing.command"),
+             ("lmk.sweep.publish", "publish_rows", "lmk.sharing.push_rows"),
+             ("lmk.model.st_folder", "export_sentence_transformers", "lmk.sharing.st_folder"),
+             ("lmk.model.st_folder", "load_exported", "lmk.model.exported"),
+             ("lmk.eval", "model_meta", "lmk.sharing"),
+             ("lmk.model", "export_sentence_transformers", "lmk.sharing")]
+
+
+@pytest.mark.parametrize(("old", "name", "new"), OLD_PATHS, ids=[f"{o}.{n}" for o, n, _ in OLD_PATHS])
+def test_an_old_sharing_path_still_resolves_with_a_deprecation(old, name, new) -> None:
+    """Sharing moved to lmk.sharing (the reader of a folder to lmk.model.exported): a user's old import still gets
+    the same object, with one DeprecationWarning naming where it lives now."""
+    import importlib
+
+    with pytest.warns(DeprecationWarning, match=rf"^{old}\.{name} is deprecated: use {new}\.{name}$") as caught:
+        found = getattr(importlib.import_module(old), name)
+    assert found is getattr(importlib.import_module(new), name) and len(caught) == 1
+    with pytest.raises(AttributeError):
+        importlib.import_module(old).no_such_name  # noqa: B018 - only moved names resolve
+
+
+def test_the_legacy_pooling_name_is_the_loader_of_old_folders_only() -> None:
+    """`lmk.export.LandmarkPooling` (what old exports' modules.json names) is the loader of their pooling module,
+    with no warning: it is not the LMK pooler and not one of lmk.export's names."""
+    import importlib
+    import warnings
+
+    from lmk.model.exported import LegacyPoolerLoader
+    from lmk.model.landmark import LMKPooling
+
+    export = importlib.import_module("lmk.export")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        assert export.LandmarkPooling is LegacyPoolerLoader and LegacyPoolerLoader is not LMKPooling
+    assert "LandmarkPooling" not in export.__all__
+    with pytest.warns(DeprecationWarning, match="use lmk.model.exported.LegacyPoolerLoader"):
+        assert importlib.import_module("lmk.model.st_folder").LegacyExportPooling is LegacyPoolerLoader

@@ -127,7 +127,7 @@ def test_bold_follows_the_printed_values(spec_path: Path, tmp_path: Path) -> Non
 
 def test_the_json_and_the_model_card_show_each_cell_as_the_markdown_prints_it(spec_path: Path, tmp_path: Path) -> None:
     """0.33449 prints as 33.4; its JSON value is 33.45, which a reader rounding again would show as 33.5."""
-    from lmk.eval.card import TableRow, card_row
+    from lmk.sharing.card import TableRow, card_row
 
     out = tmp_path / "sweep"
     write_run(out / "train" / "cls", "cls", {"short-a": 0.33449, "long-b": 0.2})

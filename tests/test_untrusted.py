@@ -21,8 +21,9 @@ from omegaconf import OmegaConf
 from lmk.eval.command import validate_config
 from lmk.model.checkpoint import CheckpointRefused
 from lmk.model.embedding import EmbeddingModel
+from lmk.model.exported import load_exported
 from lmk.model.loading import load_model
-from lmk.model.st_folder import code_files, export_sentence_transformers, load_exported
+from lmk.sharing.st_folder import code_files, export_sentence_transformers
 from lmk.train.checkpoints import newest_valid, resume_point
 
 ENCODER = {"name": "tiny-untrusted", "source": "random", "architecture": "modernbert",

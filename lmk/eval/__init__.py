@@ -11,20 +11,18 @@
     callback.py   the Lightning callback (suite during / at the end of training)
     scoring.py    group means, LongEmbed averaging, paired t-tests
     replicas.py   offline replicas of the paper's eval datasets in their hub layout
-    mteb_model.py an export (folder or hub id) as an mteb ModelMeta with its loader; results in the results-repository layout
-    publish.py    a run -> a shareable folder (export, card, mteb results) and the hub; card.py: the model card;
-                  export_command.py: `python -m lmk.export`
     prepared.py   hub tasks' data prepared once (python -m lmk.eval.prepared), read-only in many jobs (hub.prepared)
+
+Sharing a model (export, model card, mteb meta, hub) is lmk.sharing; the old paths here (publish, card, mteb_model,
+export_command) still resolve, with a DeprecationWarning.
 """
 
-from lmk import interface
+from lmk import interface, moved
 
-__all__, __getattr__ = interface(__name__, {
+__all__, _own = interface(__name__, {
     "lmk.eval.callback": ("EvalCallback", "build_eval_callback"),
-    "lmk.eval.card": ("TableRow", "card_row", "eval_results"),
     "lmk.eval.command": ("cli", "validate_config"),
     "lmk.eval.encoder": ("LmkEncoder",),
-    "lmk.eval.mteb_model": ("load_model", "model_meta", "n_parameters", "save_results"),
     "lmk.eval.replicas": ("REPLICAS", "Sizes", "replica_fingerprint", "task_dataset", "write_replicas"),
     "lmk.eval.maxsim": ("LmkMaxSimEncoder", "NoLandmarksError", "maxsim_blocks", "maxsim_scores",
                          "maxsim_winners"),
@@ -36,4 +34,6 @@ __all__, __getattr__ = interface(__name__, {
     "lmk.eval.tasks": ("LOCAL_TASKS", "LOCAL_TASK_CLASSES", "LocalNeedle", "LocalPasskey", "LocalShort",
                        "RulerNiahMultiKey", "RulerNiahMultiQuery", "RulerNiahMultiValue", "RulerNiahSingle",
                        "build_local_task", "local_task"),
-}, modules=("command", "evaluation", "export_command", "fingerprints", "preflight", "prepared", "publish"))
+}, modules=("command", "evaluation", "fingerprints", "preflight", "prepared"))
+__getattr__ = moved(__name__, {name: f"lmk.sharing.{name}" for name in (
+    "TableRow", "card_row", "eval_results", "load_model", "model_meta", "n_parameters", "save_results")}, inner=_own)

@@ -1,47 +1,6 @@
-"""`python -m lmk.export <run dir>` (lmk/export.py runs this): a trained run -> a shareable model folder, and the hub.
+"""Deprecated path of lmk.sharing.command (the command behind `python -m lmk.export`):
+each name resolves there, with a DeprecationWarning."""
 
-    python -m lmk.export outputs/table2/mini/train/lmk-fixed-32 --out shared/lmk-fixed-32
-    python -m lmk.export outputs/table2/mini/train/lmk-fixed-32 --multi-vector --out shared/lmk-fixed-32-maxsim
-    HF_TOKEN=... python -m lmk.export outputs/table2/mini/train/lmk-fixed-32 --push-to-hub me/lmk-fixed-32 [--private]
+from lmk import moved
 
-The folder holds the model (its code travels, so sentence-transformers loads it without lmk), a model card built
-from the run (the Table 2 row when a table was built over its sweep) and the run's mteb results in the results
-repository's layout (lmk.eval.publish; docs/sharing.md).
-"""
-
-from __future__ import annotations
-
-import argparse
-from collections.abc import Sequence
-
-from lmk.eval.publish import publish
-from lmk.run.quiet_logging import quiet_progress_bars
-
-
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m lmk.export", description=__doc__.split("\n\n")[0])
-    p.add_argument("run_dir", help="a finished training run folder (results.json status done, evaluated)")
-    p.add_argument("--out", default=None, help="write the folder here (without --push-to-hub: only this)")
-    p.add_argument("--push-to-hub", default=None, metavar="REPO_ID", help="upload to <user or org>/<name> (HF_TOKEN)")
-    p.add_argument("--private", action="store_true", help="create the hub repo private")
-    p.add_argument("--revision", default=None, help="the hub branch to commit to (created when missing; default main)")
-    p.add_argument("--table", default=None, help="the table JSON holding the run's row (default: found above the run)")
-    p.add_argument("--license", default=None, help="the card's licence (default: the base model's, or lmk's for a "
-                   "random init)")
-    p.add_argument("--multi-vector", action="store_true", help="a sentence-transformers MultiVectorEncoder folder: "
-                   "each text's landmark states, scored by MaxSim (LMK poolings only)")
-    p.add_argument("--base-model", default=None, help="the hub id of the base model (default: read from the encoder)")
-    return p
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parser().parse_args(argv)
-    with quiet_progress_bars():  # loading and writing one model: seconds, one line of result below
-        pub = publish(args.run_dir, out=args.out, repo_id=args.push_to_hub, private=args.private,
-                      revision=args.revision, table=args.table, license_=args.license, base=args.base_model,
-                      multi_vector=args.multi_vector)
-    if args.out:
-        print(f"[lmk.export] {pub.meta.name} (weights {pub.meta.revision}) written to {pub.folder}")
-    if pub.pushed:
-        print(f"[lmk.export] pushed to {pub.pushed.repo_id}@{pub.pushed.revision}: {pub.pushed.url}")
-    return 0
+__getattr__ = moved(__name__, "lmk.sharing.command")

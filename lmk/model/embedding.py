@@ -403,7 +403,7 @@ class EmbeddingModel(torch.nn.Module):
         key, with the per-side lengths)."""
         h = hashlib.blake2b(digest_size=8)
         cfg = self.config_dict()
-        # the default lengths are not the model: an export's one max_seq_length (lmk.model.st_folder) and a run's
+        # the default lengths are not the model: an export's one max_seq_length (lmk.sharing.st_folder) and a run's
         # training lengths give the same weights one identity; the eval cache keys the lengths used apart
         for key in ("query_max_length", "passage_max_length"):
             cfg.pop(key)

@@ -18,8 +18,8 @@ from lmk.hub.offline import is_hub_id
 from lmk.model.backbone import config_positions
 from lmk.model.checkpoint import load_checkpoint
 from lmk.model.embedding import MODEL_CONFIG_FILE, EmbeddingModel
+from lmk.model.exported import is_export, load_exported
 from lmk.model.landmark.legacy_config import saved_config_file
-from lmk.model.st_folder import is_export, load_exported
 
 log = logging.getLogger(__name__)
 

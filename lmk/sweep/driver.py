@@ -39,6 +39,7 @@ from lmk.run import faults
 from lmk.run.cli import full_errors, report
 from lmk.run.results import STATUS_DONE, Results
 from lmk.run.umask_files import write_json
+from lmk.sharing.push_rows import publish_rows, push_target
 from lmk.sweep.eval_stage import run_stage, trained_fingerprint
 from lmk.sweep.jobs import (
     Block,
@@ -49,7 +50,6 @@ from lmk.sweep.jobs import (
     trained_rows,
     zeroshot_block,
 )
-from lmk.sweep.publish import publish_rows, push_target
 from lmk.sweep.spec import RESCORE, Row, Scale, SpecError, TableSpec, load_spec, validate_spec
 
 # Each entry point's check before compute, run by the row sweeper on every job before the sweep launches.

@@ -30,7 +30,6 @@ from lmk.eval.callback import build_eval_callback
 from lmk.hub.mirror import with_mirrored_sources
 from lmk.model.checkpoint import allowed_types, check_checkpoint
 from lmk.model.embedding import EmbeddingModel
-from lmk.model.st_folder import export_sentence_transformers
 from lmk.run import faults
 from lmk.run import lock as run_lock
 from lmk.run.cluster import cluster_plugins, submitit_rank
@@ -38,6 +37,7 @@ from lmk.run.console import redirected
 from lmk.run.loggers import build_logger, find_wandb, finish_loggers, wandb_info
 from lmk.run.quiet_logging import quiet_progress_bars, use_hydra_logging
 from lmk.run.results import STATUS_DONE, Results, Timer, config_hash_of, git_commit, update_results
+from lmk.sharing.st_folder import export_sentence_transformers
 from lmk.train.checkpoints import AtomicCheckpointIO, ResumePoint, newest_valid, read_info, resume_point
 from lmk.train.fault_hooks import FaultCallback
 from lmk.train.guard import NonFiniteError, NonFiniteGuard

@@ -12,7 +12,7 @@
     backbone_inputs.py       what the backbone is called with: where a decoder's inputs differ from an encoder's
     legacy_config.py         what older lmk versions saved under names lmk no longer writes
 
-lmk trains and encodes with these classes, and `lmk.model.st_folder` copies these files verbatim into every export, so
+lmk trains and encodes with these classes, and `lmk.sharing.st_folder` copies these files verbatim into every export, so
 that `SentenceTransformer(folder, trust_remote_code=True)` runs the same code without lmk. Hence the rules of this
 package (tests/test_landmark_package.py checks them): it imports only torch, transformers, sentence-transformers,
 numpy, regex and the standard library, and its files import each other relatively (`from .poolers import ...`),
