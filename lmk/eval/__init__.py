@@ -8,7 +8,7 @@
     runner.py     run_suite: mteb.evaluate per task, resumable cache, per-query scores; build_encoder (the scoring)
     maxsim.py     eval.scoring=maxsim: exact blocked MaxSim over landmark states, mteb's multi-vector search
     callback.py   the Lightning callback (suite during / at the end of training)
-    scoring.py    group means, LongEmbed averaging, paired t-tests
+    score_stats.py  scores as the paper reports them: group means, LongEmbed averaging, paired t-tests
     replicas.py   offline replicas of the paper's eval datasets in their hub layout
     mteb_model.py an export (folder or hub id) as an mteb ModelMeta with its loader; results in the results-repository layout
     publish.py    a run -> a shareable folder (export, card, mteb results) and the hub; card.py: the model card;
@@ -28,7 +28,7 @@ __all__, __getattr__ = interface(__name__, {
     "lmk.eval.maxsim": ("LmkMaxSimEncoder", "NoLandmarksError", "maxsim_blocks", "maxsim_scores",
                          "maxsim_winners"),
     "lmk.eval.runner": ("build_encoder", "run_suite"),
-    "lmk.eval.scoring": ("LONGEMBED6", "group_scores", "load_per_query", "longembed6_score", "paired_ttest",
+    "lmk.eval.score_stats": ("LONGEMBED6", "group_scores", "load_per_query", "longembed6_score", "paired_ttest",
                          "per_query_scores", "pytrec_measure", "summarize_scores"),
     "lmk.eval.suites": ("UnknownTaskError", "build_tasks", "check_task_names"),
     "lmk.eval.tasks": ("LOCAL_TASKS", "LOCAL_TASK_CLASSES", "LocalNeedle", "LocalPasskey", "LocalShort",
