@@ -31,6 +31,6 @@ def interface(package: str, names: Mapping[str, Iterable[str]],
 
 # the layers and the commands (`python -m lmk.<command>`), each with its own __all__
 _PARTS, __getattr__ = interface(__name__, {}, modules=(
-    "analysis", "config", "data", "eval", "evaluate", "export", "hub", "model", "notebooks", "prefetch", "run",
-    "sweep", "tables", "train"))
+    "analysis", "config", "data", "download", "eval", "evaluate", "export", "hub", "model", "notebooks", "prefetch",
+    "run", "sweep", "tables", "train"))
 __all__ = ["interface", *_PARTS]

@@ -4,7 +4,7 @@
     mirror.py     a folder of hub repos (hub.mirror / LMK_HUB_MIRROR) that models, data and mteb tasks read;
                   completion markers: a partial download is never taken as present
     artifacts.py  what a job loads from the hub (required_artifacts) and whether it is on disk (check_available)
-    fetch.py      downloading them on a login node, with a manifest (`python -m lmk.prefetch`); interrupt_download
+    fetch.py      downloading them on a login node, with a manifest (`python -m lmk.download`); interrupt_download
                   leaves a partial one (fault injection)
 """
 
@@ -13,7 +13,7 @@ from lmk import interface
 __all__, __getattr__ = interface(__name__, {
     "lmk.hub.artifacts": ("Artifact", "MissingArtifactsError", "cache_manifest_path", "check_available",
                           "data_sources", "eval_task_names", "hub_task_names", "required_artifacts"),
-    "lmk.hub.fetch": ("prefetch",),
+    "lmk.hub.fetch": ("download", "prefetch"),
     "lmk.hub.mirror": ("STARTED", "apply_mirror", "incomplete", "mark_complete", "mark_started",
                        "resolve_model", "with_mirrored_sources"),
     "lmk.hub.offline": ("hub_offline", "is_hub_id"),
