@@ -8,21 +8,21 @@ STAMP  := $(VENV)/.installed
 SCALE  ?= mini
 OUT    ?= outputs
 # Jobs run offline by default (compute nodes have no internet): HF_HUB_OFFLINE=1 unless the caller sets it
-# (`HF_HUB_OFFLINE= make ...` runs online). `make prefetch` downloads, so it runs online by default (a login
-# node); `HF_HUB_OFFLINE=1 make prefetch` only records what is on disk.
+# (`HF_HUB_OFFLINE= make ...` runs online). `make download` downloads, so it runs online by default (a login
+# node); `HF_HUB_OFFLINE=1 make download` only records what is on disk. (`make prefetch`: its old name.)
 ifeq ($(origin HF_HUB_OFFLINE),undefined)
 HF_HUB_OFFLINE := 1
-prefetch: HF_HUB_OFFLINE :=
+download prefetch: HF_HUB_OFFLINE :=
 endif
 export HF_HUB_OFFLINE
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: install lock test test-slow test-all test-node test-slurm slurm-up slurm-down slurm-status lint reproduce-table2 table2 prefetch replicas notebooks bench gpu-check wheelhouse rehearse-nodes clean help
+.PHONY: install lock test test-slow test-all test-node test-slurm slurm-up slurm-down slurm-status lint reproduce-table2 table2 download prefetch replicas notebooks bench gpu-check wheelhouse rehearse-nodes clean help
 
 help:
 	@echo "make reproduce-table2 [SCALE=mini|rehearsal|paper|tiny] [FORCE=1] [FAULTS=bad-day] [LAUNCHER=submitit_slurm] [THROUGHPUT=json]  sweep + table"
 	@echo "make table2 [SCALE=...]          re-aggregate the table from results files"
-	@echo "make prefetch [SCALE=paper] [MIRROR=dir]  on a login node: download what the sweep's jobs load"
+	@echo "make download [SCALE=paper] [MIRROR=dir]  on a login node: download what the sweep's jobs load"
 	@echo "make replicas MIRROR=dir         offline replicas of the paper's eval datasets (hub layout)"
 	@echo "make test | test-slow | lint     tests (fast / slow) and ruff"
 	@echo "make lock                        refresh requirements.lock (the full pinned environment)"
@@ -89,8 +89,11 @@ table2: install
 
 # Compute nodes without internet: fetch every model / tokenizer / training file / mteb dataset the sweep's
 # jobs load (HF cache, or MIRROR=dir: then run the jobs with hub.mirror=dir or LMK_HUB_MIRROR=dir).
-prefetch: install
-	$(PY) -m lmk.prefetch experiments/table2/spec.yaml --scale $(SCALE) $(if $(MIRROR),--mirror $(MIRROR),)
+download: install
+	$(PY) -m lmk.download experiments/table2/spec.yaml --scale $(SCALE) $(if $(MIRROR),--mirror $(MIRROR),)
+
+prefetch: download  # the old name, kept working
+	@echo "make prefetch is deprecated: use make download" >&2
 
 replicas: install
 	$(PY) -m lmk.eval.replicas --mirror $(or $(MIRROR),$(OUT)/hub-mirror)

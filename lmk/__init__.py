@@ -56,6 +56,6 @@ def moved(old: str, new: str | Mapping[str, str], inner: Callable[[str], Any] | 
 
 # the layers and the commands (`python -m lmk.<command>`), each with its own __all__
 _PARTS, __getattr__ = interface(__name__, {}, modules=(
-    "analysis", "config", "data", "eval", "evaluate", "export", "hub", "model", "notebooks", "prefetch", "run",
-    "sharing", "sweep", "tables", "train"))
+    "analysis", "config", "data", "download", "eval", "evaluate", "export", "hub", "model", "notebooks", "prefetch",
+    "run", "sharing", "sweep", "tables", "train"))
 __all__ = ["interface", "moved", *_PARTS]

@@ -16,5 +16,5 @@ def group_options(group: str) -> tuple[str, ...]:
 
 
 POOLING_CONFIGS = group_options("pooling")  # every table row's pooling (conf/pooling)
-POOLER_NAMES = tuple(sorted(registry.poolers()))  # every registered pooler class (lmk/model/landmark)
+POOLER_NAMES = tuple(sorted(registry.declared_poolers()))  # every registered pooler class (lmk/model/landmark)
 STRATEGY_NAMES = tuple(registry.strategies())  # every tokenization strategy (lmk.model.landmark.layouts)

@@ -1,6 +1,6 @@
 """A stand-in Hugging Face hub on 127.0.0.1 for tests: serves local folders as hub repos through the HTTP
-endpoints huggingface_hub and `datasets` call (repo info, tree, paths-info, resolve with ranges), so that a
-prefetch with `HF_ENDPOINT` at it downloads for real; and takes uploads the way huggingface_hub sends them
+endpoints huggingface_hub and `datasets` call (repo info, tree, paths-info, resolve with ranges), so that
+the download (`python -m lmk.download`) with `HF_ENDPOINT` at it fetches for real; and takes uploads the way huggingface_hub sends them
 (create a repo, public or private, create a branch, validate a card's YAML, preupload, commit as NDJSON with the
 files inline), so that a push with `HF_TOKEN` lands and a later download reads it back. Every request is logged
 (method, path)."""

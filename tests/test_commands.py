@@ -173,13 +173,13 @@ def test_the_readme_python_example_runs_on_the_folder_the_readme_command_makes(t
     _run_readme_python_example(code, tmp_path)
 
 
-@pytest.mark.slow  # make, a hub server and every download; the prefetch itself is checked fast in tests/test_prefetch.py
-def test_make_prefetch_as_typed_fills_a_mirror_from_the_stand_in_hub(tmp_path):
-    """`make prefetch SCALE=paper MIRROR=<folder>` as the README names it, with HF_ENDPOINT at the stand-in hub
+@pytest.mark.slow  # make, a hub server and every download; the download itself is checked fast in tests/test_download.py
+def test_make_download_as_typed_fills_a_mirror_from_the_stand_in_hub(tmp_path):
+    """`make download SCALE=paper MIRROR=<folder>` as the README names it, with HF_ENDPOINT at the stand-in hub
     (tests/hub_server.py) serving a small repo for every artifact of the paper sweep: each is downloaded for real
     into the mirror with a manifest; the same command again downloads nothing."""
-    typed = re.search(r"`(make prefetch SCALE=paper MIRROR=<folder>)`", README)
-    assert typed, "README.md no longer names `make prefetch SCALE=paper MIRROR=<folder>`"
+    typed = re.search(r"`(make download SCALE=paper MIRROR=<folder>)`", README)
+    assert typed, "README.md no longer names `make download SCALE=paper MIRROR=<folder>`"
     mirror = tmp_path / "mirror"
     args = typed[1].replace("<folder>", str(mirror)).split()[1:]
     artifacts = scale_artifacts(str(REPO / "experiments" / "table2" / "spec.yaml"), "paper")
@@ -221,7 +221,7 @@ ELSEWHERE = {
     "make install": "every test runs in the venv it builds (`make test` depends on it)",
     "make reproduce-table2": "the tiny_sweep fixture runs its fast form, `make reproduce-table2 SCALE=tiny`",
     "make table2": "test_make_table2_as_typed_rebuilds_the_table_from_the_results",
-    "make prefetch SCALE=paper MIRROR=<folder>": "test_make_prefetch_as_typed_fills_a_mirror_from_the_stand_in_hub",
+    "make download SCALE=paper MIRROR=<folder>": "test_make_download_as_typed_fills_a_mirror_from_the_stand_in_hub",
     "make notebooks [SCALE=...]": "test_make_notebooks_as_typed_after_a_sweep",
     "make test": "the suite itself",
     "make test-slow": "the suite itself",

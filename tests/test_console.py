@@ -134,9 +134,9 @@ def test_user_error_keeps_what_and_fix_through_pickling() -> None:
     assert isinstance(back, UserError) and isinstance(back, ValueError)
     house = ConfigError("pooling.chunk_size='abc' is not valid; allowed values: an integer")
     assert (house.what, house.fix) == ("pooling.chunk_size='abc' is not valid", "allowed values: an integer")
-    report = MissingArtifactsError("offline and not on disk:\n  dataset x\nLooked in: y. Fix: run make prefetch")
-    assert report.what == "offline and not on disk:\n  dataset x\nLooked in: y" and report.fix == "run make prefetch"
-    assert error_lines(report) == ["Error: offline and not on disk: dataset x Looked in: y", "Fix: run make prefetch"]
+    report = MissingArtifactsError("offline and not on disk:\n  dataset x\nLooked in: y. Fix: run make download")
+    assert report.what == "offline and not on disk:\n  dataset x\nLooked in: y" and report.fix == "run make download"
+    assert error_lines(report) == ["Error: offline and not on disk: dataset x Looked in: y", "Fix: run make download"]
     assert error_line(RuntimeError("boom\nbang")) == "RuntimeError: boom bang"  # not a user error: type named
 
 

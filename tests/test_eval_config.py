@@ -101,7 +101,7 @@ def test_unknown_task_fails_before_any_data_or_model() -> None:
 
 def test_hub_task_offline_fails_fast_naming_the_offline_suite(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     # Offline with nothing on disk: the check before compute names what is missing and the fixes
-    # (prefetch, a local copy in the mirror, the offline suite); it never asks whether the network is up.
+    # (the download, a local copy in the mirror, the offline suite); it never asks whether the network is up.
     from lmk.hub.artifacts import MissingArtifactsError, check_available
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -118,7 +118,7 @@ def test_hub_task_offline_fails_fast_naming_the_offline_suite(monkeypatch: pytes
     with pytest.raises(MissingArtifactsError) as err:
         check_available({"eval": load("longembed6")})
     msg = str(err.value)
-    assert "eval=local" in msg and "local copy" in msg and "lmk.prefetch" in msg
+    assert "eval=local" in msg and "local copy" in msg and "lmk.download" in msg
     assert "LEMBPasskeyRetrieval" in msg and "mteb/LEMBPasskeyRetrieval" in msg and "dwzhu/LongEmbed" in msg
     assert "network" not in msg.replace("internet", "")  # the fix is data on disk, not a network probe
 

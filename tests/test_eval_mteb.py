@@ -17,7 +17,7 @@ from lmk.config.eval import EvalConfig  # noqa: E402
 from lmk.data.retrieval import RetrievalCorpus  # noqa: E402
 from lmk.eval.encoder import LmkEncoder  # noqa: E402
 from lmk.eval.runner import run_suite  # noqa: E402
-from lmk.eval.scoring import load_per_query, paired_ttest  # noqa: E402
+from lmk.eval.score_stats import load_per_query, paired_ttest  # noqa: E402
 from lmk.eval.tasks import LocalNeedle, LocalPasskey, LocalShort, build_local_task  # noqa: E402
 from lmk.model.embedding import EmbeddingModel  # noqa: E402
 

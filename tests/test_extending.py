@@ -56,9 +56,9 @@ def test_the_pooling_recipe_is_picked_up_everywhere(tmp_path: Path) -> None:
         (copy / rel).write_text(body)
 
     # the registries: the runtime one (the class) and the torch-free declaration config validation reads
-    code = ("from lmk.model.landmark import POOLERS; from lmk.config import registry\n"
+    code = ("from lmk.model.landmark import POOLER_CLASSES; from lmk.config import registry\n"
             f"import lmk.model.landmark as p; assert p.__file__.startswith({str(copy)!r}), p.__file__\n"
-            "assert 'lmk_max' in POOLERS and registry.poolers()['lmk_max']['needs_pool_mask']")
+            "assert 'lmk_max' in POOLER_CLASSES and registry.declared_poolers()['lmk_max']['needs_pool_mask']")
     proc = _run([sys.executable, "-c", code], copy)
     assert proc.returncode == 0, proc.stderr[-3000:]
 

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "lmk"
 # Entries of lmk/ that are not layers or leaves: the package marker, data files, and the command shims that keep
 # `python -m lmk.<command>` (and the export path saved folders name) working.
-SHIMS = ("evaluate.py", "tables.py", "prefetch.py", "notebooks.py", "export.py")
+SHIMS = ("evaluate.py", "tables.py", "download.py", "prefetch.py", "notebooks.py", "export.py")
 MAX_ENTRIES, MAX_SHIM_LINES, MAX_MODULE_LINES, MAX_FUNCTION_LINES = 12, 20, 500, 80
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lmk.model.landmark import POOLERS, LMKPooling, Pooler, build_pooler
+from lmk.model.landmark import POOLER_CLASSES, LMKPooling, Pooler, build_pooler
 from lmk.model.landmark.tokenization import LandmarkTokenizer
 
 H = 8
@@ -92,7 +92,7 @@ def test_latent_attention_defaults_are_the_authors_sizes():
         build_pooler("latent_attention", hidden_size=32)  # 32 // 64 heads
 
 
-@pytest.mark.parametrize("name", sorted(POOLERS))
+@pytest.mark.parametrize("name", sorted(POOLER_CLASSES))
 def test_every_pooler_contract(name, batch):
     x, mask, pool = batch
     p = make(name)
@@ -126,7 +126,7 @@ def padded_tokenizers(minilm_tokenizer):
     return {"right": minilm_tokenizer, "left": left}
 
 
-@pytest.mark.parametrize("name", sorted(POOLERS))
+@pytest.mark.parametrize("name", sorted(POOLER_CLASSES))
 @pytest.mark.parametrize("side", ["right", "left"])
 def test_text_pools_the_same_alone_and_in_a_padded_batch(name, side, padded_tokenizers):
     tok = padded_tokenizers[side]
@@ -179,7 +179,7 @@ def test_bad_input():
         make("latent_attention")(torch.randn(1, 2, 4), torch.ones(1, 2))
 
 
-@pytest.mark.parametrize("name", sorted(POOLERS))
+@pytest.mark.parametrize("name", sorted(POOLER_CLASSES))
 def test_pooling_is_fp32_under_bf16_autocast_and_never_reads_padding(name, batch):
     """Lightning's bf16-mixed autocast covers the training step: pooling must still run in float32
     (bf16 sums lose the landmarks' mean), and a non-finite value at a padded position (a padded row that attended to

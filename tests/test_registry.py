@@ -14,9 +14,10 @@ from components import CONF, POOLER_NAMES, POOLING_CONFIGS, STRATEGY_NAMES
 from omegaconf import OmegaConf
 from torch import Tensor
 
+import lmk.model.landmark
 from lmk.config import ConfigError, PoolingConfig, registry
 from lmk.eval.tasks import LOCAL_TASK_CLASSES, local_task
-from lmk.model.landmark import POOLERS, Pooler, build_pooler, masked_mean, register_pooler
+from lmk.model.landmark import POOLER_CLASSES, Pooler, build_pooler, masked_mean, register_pooler
 from lmk.model.landmark import names as declared_names
 from lmk.model.landmark.layouts import STRATEGY_TRAITS
 
@@ -24,9 +25,9 @@ TRAITS = ("needs_pool_mask", "needs_hidden_size", "trainable", "attention_rows")
 
 
 def test_the_torch_free_view_equals_the_runtime_registries() -> None:
-    declared = registry.poolers()
-    assert sorted(declared) == sorted(POOLERS) and POOLERS, "a pooler class is missing from one view"
-    for name, cls in POOLERS.items():
+    declared = registry.declared_poolers()
+    assert sorted(declared) == sorted(POOLER_CLASSES) and POOLER_CLASSES, "a pooler class is missing from one view"
+    for name, cls in POOLER_CLASSES.items():
         assert cls.name == name and declared[name] == {t: getattr(cls, t) for t in TRAITS}, name
     assert registry.strategies() == {k: dict(v) for k, v in STRATEGY_TRAITS.items()}
 
@@ -34,7 +35,7 @@ def test_the_torch_free_view_equals_the_runtime_registries() -> None:
 def test_config_validation_imports_no_torch() -> None:
     code = ("import sys\nfrom lmk.config import PoolingConfig, registry\n"
             "PoolingConfig.coerce({'name': 'x', 'strategy': 'fixed', 'pooler': 'lmk'})\n"
-            "assert registry.poolers() and 'torch' not in sys.modules, sorted(m for m in sys.modules if 'torch' in m)")
+            "assert registry.declared_poolers() and 'torch' not in sys.modules, sorted(m for m in sys.modules if 'torch' in m)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
 
@@ -42,12 +43,12 @@ def test_config_validation_imports_no_torch() -> None:
 @pytest.fixture
 def registries() -> Iterator[None]:
     """The registries as they were after the test (a test's pooler must not leak into other tests)."""
-    runtime, declared = dict(POOLERS), {k: dict(v) for k, v in declared_names.POOLERS.items()}
+    runtime, declared = dict(POOLER_CLASSES), {k: dict(v) for k, v in declared_names.DECLARED_POOLERS.items()}
     yield
-    POOLERS.clear()
-    POOLERS.update(runtime)
-    declared_names.POOLERS.clear()
-    declared_names.POOLERS.update(declared)
+    POOLER_CLASSES.clear()
+    POOLER_CLASSES.update(runtime)
+    declared_names.DECLARED_POOLERS.clear()
+    declared_names.DECLARED_POOLERS.update(declared)
 
 
 def test_a_pooler_registered_outside_lmk_is_accepted_by_config_validation(registries: None) -> None:
@@ -63,7 +64,7 @@ def test_a_pooler_registered_outside_lmk_is_accepted_by_config_validation(regist
             return masked_mean(token_embeddings, attention_mask if pool_mask is None else pool_mask & attention_mask)
 
     assert PoolingConfig.coerce({"name": "x", "strategy": "fixed", "pooler": "test_max"}).pooler == "test_max"
-    assert registry.poolers()["test_max"]["needs_pool_mask"]  # its declared needs are checked like lmk's own
+    assert registry.declared_poolers()["test_max"]["needs_pool_mask"]  # its declared needs are checked like lmk's own
     with pytest.raises(ConfigError, match="needs a strategy that marks pooled positions"):
         PoolingConfig.coerce({"name": "x", "strategy": "none", "pooler": "test_max"})
     assert type(build_pooler("test_max")) is TestMaxPooling
@@ -79,7 +80,7 @@ def test_a_duplicate_pooler_name_is_refused(registries: None) -> None:
 
 
 def test_a_class_cannot_contradict_its_declaration(registries: None) -> None:
-    del POOLERS["lmk"]  # as if the class were defined again (the name is declared in names.POOLERS)
+    del POOLER_CLASSES["lmk"]  # as if the class were defined again (the name is declared in names.DECLARED_POOLERS)
     with pytest.raises(ValueError, match="change the declaration, not the class"):
         @register_pooler
         class LMKAgain(Pooler):  # noqa: F841 - the decorator refuses it
@@ -95,7 +96,7 @@ def test_a_duplicate_local_task_is_refused() -> None:
 
 @pytest.mark.parametrize("name", POOLER_NAMES)
 def test_declared_needs_match_the_class(name: str) -> None:
-    cls = POOLERS[name]
+    cls = POOLER_CLASSES[name]
     if cls.needs_hidden_size:
         with pytest.raises(ValueError, match="hidden_size"):
             build_pooler(name)
@@ -116,8 +117,17 @@ def test_every_pooling_yaml_names_a_registered_pooler_and_strategy(name: str) ->
 
 
 def test_a_pooler_that_needs_marked_positions_refuses_a_strategy_without_them() -> None:
-    needs = [n for n in POOLER_NAMES if POOLERS[n].needs_pool_mask]
+    needs = [n for n in POOLER_NAMES if POOLER_CLASSES[n].needs_pool_mask]
     unmarked = [s for s in STRATEGY_NAMES if not STRATEGY_TRAITS[s]["marks_pooled"]]
     assert needs and unmarked
     with pytest.raises(ConfigError, match="needs a strategy that marks pooled positions"):
         PoolingConfig.coerce({"name": "x", "strategy": unmarked[0], "pooler": needs[0]})
+
+
+def test_the_old_registry_names_still_work_with_a_deprecation() -> None:
+    """`lmk.model.landmark.POOLERS` (now POOLER_CLASSES) and `registry.poolers()` (now declared_poolers()) keep
+    working, each with a DeprecationWarning naming the new name."""
+    with pytest.warns(DeprecationWarning, match="POOLER_CLASSES"):
+        assert lmk.model.landmark.POOLERS is POOLER_CLASSES
+    with pytest.warns(DeprecationWarning, match="declared_poolers"):
+        assert registry.poolers() == registry.declared_poolers()

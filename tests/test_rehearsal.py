@@ -80,13 +80,13 @@ def test_sweep_writes_missing_replicas_into_the_scales_mirror_once(tmp_path):
     assert (root / mirror.MANIFEST).stat().st_mtime_ns == stamp  # present: nothing rewritten
     # a user-filled mirror (replicas: false) must exist; the error names the command that fills it
     user = Scale(name="paper", columns=[], hub_mirror={"path": str(tmp_path / "none")})
-    with pytest.raises(SpecError, match="make prefetch SCALE=paper MIRROR="):
+    with pytest.raises(SpecError, match="make download SCALE=paper MIRROR="):
         prepare(user, tmp_path)
     with pytest.raises(SpecError, match="unknown hub_mirror keys"):
         prepare(Scale(name="s", columns=[], hub_mirror={"dir": "x"}), tmp_path)
 
 
-def test_prefetch_of_the_rehearsal_writes_its_replicas_and_downloads_nothing(tmp_path):
+def test_download_of_the_rehearsal_writes_its_replicas_and_downloads_nothing(tmp_path):
     from lmk.hub import mirror
     from lmk.sweep.scale_artifacts import main
 

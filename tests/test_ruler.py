@@ -115,7 +115,7 @@ def test_the_essays_of_the_hub_mirror_are_the_haystack_and_the_results_say_so(tm
     assert ruler.load_haystack("auto").name == "lmk-essays"  # no mirror: lmk's own essays
 
 
-def test_prefetch_lists_the_essays_only_where_the_tasks_must_read_them() -> None:
+def test_download_lists_the_essays_only_where_the_tasks_must_read_them() -> None:
     from lmk.hub.artifacts import eval_artifacts
 
     suite = {"tasks": list(TASKS.values()), "ruler_haystack": "paul-graham"}

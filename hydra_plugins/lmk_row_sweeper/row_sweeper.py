@@ -201,7 +201,7 @@ class RowSweeper(Sweeper):
         jobs = []
         for row, row_overrides in self.rows.items():
             for seed in self.seeds or [None]:
-                job = job_id(row, seed)  # the same job as lmk.sweep.jobs plans (prefetch, cost estimate)
+                job = job_id(row, seed)  # the same job as lmk.sweep.jobs plans (download, cost estimate)
                 overrides = [*job_overrides(arguments, row_overrides, row, seed), f"hydra.sweep.subdir={job}"]
                 try:
                     job_cfg = self.hydra_context.config_loader.load_sweep_config(

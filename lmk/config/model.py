@@ -212,7 +212,7 @@ class PoolingConfig(Coercible):
         n = "pooling"
         if not self.name:
             raise ConfigError(f"{n}.name must be a non-empty string (it is the table row id)")
-        strategies, poolers = registry.strategies(), registry.poolers()
+        strategies, poolers = registry.strategies(), registry.declared_poolers()
         _check_choice(n, "strategy", self.strategy, tuple(strategies))
         _check_choice(n, "pooler", self.pooler, sorted(poolers))
         if poolers[self.pooler].get("needs_pool_mask") and not strategies[self.strategy]["marks_pooled"]:

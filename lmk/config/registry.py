@@ -7,6 +7,7 @@ time (`@register_pooler` on a class outside lmk) declares itself there, so it co
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 from lmk.model.landmark import names
@@ -20,9 +21,17 @@ PLACEMENTS: tuple[str, ...] = tuple(names.PLACEMENTS)
 PLACED_STRATEGIES: tuple[str, ...] = tuple(names.PLACED_STRATEGIES)
 
 
+def declared_poolers() -> dict[str, dict[str, Any]]:
+    """{pooler name: declared needs} of every declared pooler (names.DECLARED_POOLERS), those registered at run time
+    included: a copy, torch-free. The classes are `lmk.model.landmark.POOLER_CLASSES`."""
+    return {name: dict(needs) for name, needs in names.DECLARED_POOLERS.items()}
+
+
 def poolers() -> dict[str, dict[str, Any]]:
-    """{pooler name: declared needs} of every declared pooler, those registered at run time included."""
-    return {name: dict(needs) for name, needs in names.POOLERS.items()}
+    """The old name of `declared_poolers`, kept working."""
+    warnings.warn("lmk.config.registry.poolers() is deprecated: use declared_poolers()",  # deprecated alias
+                  DeprecationWarning, stacklevel=2)
+    return declared_poolers()
 
 
 def strategies() -> dict[str, dict[str, bool]]:

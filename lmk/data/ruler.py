@@ -77,7 +77,7 @@ def load_haystack(name: str = "auto") -> Haystack:
     folder = mirror.find("dataset", PAUL_GRAHAM_REPO) if name != "lmk-essays" else None
     if folder is None and name == "paul-graham":
         raise FileNotFoundError(f"the paul-graham haystack reads the dataset {PAUL_GRAHAM_REPO} from the hub mirror, "
-                                "which has no complete copy; prefetch it into the mirror (hub.mirror) or set "
+                                "which has no complete copy; download it into the mirror (hub.mirror) or set "
                                 "eval.ruler_haystack=lmk-essays")
     return _read_haystack(None if folder is None else str(folder))
 

@@ -9,7 +9,7 @@
     runner.py     run_suite: mteb.evaluate per task, resumable cache, per-query scores; build_encoder (the scoring)
     maxsim.py     eval.scoring=maxsim: exact blocked MaxSim over landmark states, mteb's multi-vector search
     callback.py   the Lightning callback (suite during / at the end of training)
-    scoring.py    group means, LongEmbed averaging, paired t-tests
+    score_stats.py  scores as the paper reports them: group means, LongEmbed averaging, paired t-tests
     replicas.py   offline replicas of the paper's eval datasets in their hub layout
     prepared.py   hub tasks' data prepared once (python -m lmk.eval.prepared), read-only in many jobs (hub.prepared)
 
@@ -27,7 +27,7 @@ __all__, _own = interface(__name__, {
     "lmk.eval.maxsim": ("LmkMaxSimEncoder", "NoLandmarksError", "maxsim_blocks", "maxsim_scores",
                          "maxsim_winners"),
     "lmk.eval.runner": ("build_encoder", "run_suite"),
-    "lmk.eval.scoring": ("LONGEMBED6", "group_scores", "load_per_query", "longembed6_score", "paired_ttest",
+    "lmk.eval.score_stats": ("LONGEMBED6", "group_scores", "load_per_query", "longembed6_score", "paired_ttest",
                          "per_query_scores", "pytrec_measure", "summarize_scores"),
     "lmk.eval.suites": ("build_tasks",),
     "lmk.eval.task_names": ("UnknownTaskError", "check_task_names", "valid_task_names"),

@@ -28,7 +28,7 @@ from mteb.models.model_meta import ModelMeta
 from mteb.types import PromptType
 
 from lmk.data.landmarks import EVAL_TEXTS, LandmarkTally
-from lmk.eval.scoring import split_key
+from lmk.eval.score_stats import split_key
 from lmk.model.device import resolve_precision
 from lmk.model.pipeline import NonFiniteEmbeddingError
 

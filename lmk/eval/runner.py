@@ -28,7 +28,7 @@ from lmk.config.eval import EvalConfig
 from lmk.data.landmarks import flat_summary
 from lmk.eval.encoder import LmkEncoder
 from lmk.eval.maxsim import LmkMaxSimEncoder
-from lmk.eval.scoring import group_scores, metric_key, per_query_scores, split_key, summarize_scores
+from lmk.eval.score_stats import group_scores, metric_key, per_query_scores, split_key, summarize_scores
 from lmk.eval.suites import build_tasks
 from lmk.run.quiet_logging import quiet_progress_bars
 from lmk.run.umask_files import write_json

@@ -5,7 +5,7 @@
                   completion markers: a partial download is never taken as present
     artifacts.py  what a job loads from the hub (required_artifacts) and whether it is on disk (check_available)
     task_registry.py  mteb's task names, cached per mteb version (a misspelt task fails before mteb loads)
-    fetch.py      downloading them on a login node, with a manifest (`python -m lmk.prefetch`); interrupt_download
+    fetch.py      downloading them on a login node, with a manifest (`python -m lmk.download`); interrupt_download
                   leaves a partial one (fault injection)
 """
 
@@ -14,7 +14,7 @@ from lmk import interface
 __all__, __getattr__ = interface(__name__, {
     "lmk.hub.artifacts": ("Artifact", "MissingArtifactsError", "cache_manifest_path", "check_available",
                           "data_sources", "eval_task_names", "required_artifacts"),
-    "lmk.hub.fetch": ("prefetch",),
+    "lmk.hub.fetch": ("download", "prefetch"),
     "lmk.hub.mirror": ("STARTED", "apply_mirror", "incomplete", "mark_complete", "mark_started",
                        "resolve_model", "with_mirrored_sources"),
     "lmk.hub.offline": ("hub_offline", "is_hub_id"),

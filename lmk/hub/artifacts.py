@@ -2,10 +2,10 @@
 
 Compute nodes of a cluster usually have no internet: jobs run with `HF_HUB_OFFLINE=1`, so every model,
 tokenizer, training file and mteb dataset a job loads must already be on disk. ONE function lists them,
-`required_artifacts(cfg)`, used both by the prefetch on a login node (`lmk.hub.fetch`, `python -m
-lmk.prefetch`) and by `check_available(cfg)`, which every job runs before any model is built: offline, each
+`required_artifacts(cfg)`, used both by the download on a login node (`lmk.hub.fetch`, `python -m
+lmk.download`) and by `check_available(cfg)`, which every job runs before any model is built: offline, each
 artifact must be in the mirror, the Hugging Face cache or a manifest, else it fails naming what is missing and
-the prefetch command.
+the download command.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ class Artifact:
     config: str | None = None    # dataset config name (LongEmbed's "needle", ...)
     data_files: Any = None       # training data: only these files of the repo
     what: str = ""               # who loads it: "encoder", "tokenizer", "training data", "eval task SciFact"
-    task: str | None = None      # the mteb task that reads it (cache-mode prefetch runs its own load_data)
+    task: str | None = None      # the mteb task that reads it (a cache-mode download runs its own load_data)
     options: Any = None          # that task's eval.task_options (splits / subsets: only those are loaded)
 
     @property
@@ -191,7 +191,7 @@ def _hub_cache_dir() -> Path:
 
 
 def cache_manifest_path() -> Path:
-    """The manifest prefetch writes in cache mode (next to the Hugging Face cache)."""
+    """The manifest the download writes in cache mode (next to the Hugging Face cache)."""
     return Path(constants.HF_HOME) / MANIFEST
 
 
@@ -322,7 +322,7 @@ def check_available(cfg: Any, offline: bool | None = None) -> None:
             + "\n  ".join(a.label() for a in missing)
             + f"\nLooked in: the mirror ({root or 'none: set hub.mirror=DIR or LMK_HUB_MIRROR'}), the Hugging Face "
             f"cache ({_hub_cache_dir()}) and the manifests. Fix: on a machine with internet run `python -m "
-            "lmk.prefetch <spec> --scale <scale> [--mirror DIR]` (or `make prefetch`) and point the job at the "
+            "lmk.download <spec> --scale <scale> [--mirror DIR]` (or `make download`) and point the job at the "
             "same cache/mirror; for a local copy of the datasets use `python -m lmk.eval.replicas --mirror DIR`; "
             "or run the offline suite `eval=local`."
         )

@@ -1,12 +1,13 @@
 """Fetching what jobs load: one artifact into the Hugging Face caches or a mirror folder, a list of them with a
-manifest. Runs on a machine with the network (a login node); `python -m lmk.prefetch` composes a sweep's jobs
-and calls `prefetch` on the union of their `required_artifacts`."""
+manifest. Runs on a machine with the network (a login node); `python -m lmk.download` composes a sweep's jobs
+and calls `download` on the union of their `required_artifacts`."""
 
 from __future__ import annotations
 
 import json
 import os
 import time
+import warnings
 from collections.abc import Iterable
 from dataclasses import asdict
 from pathlib import Path
@@ -66,7 +67,7 @@ def fetch(art: Artifact, mirror_dir: Path | None) -> Path:
 
 def _record(root: Path | None, entries: list[dict[str, Any]]) -> None:
     """Add finished entries to the manifest (the mirror's, else the cache's): the record of a complete fetch,
-    written after it, so an interrupted prefetch never vouches for what it did not finish."""
+    written after it, so an interrupted download never vouches for what it did not finish."""
     if root is not None:
         mirror.record(root, entries)
         return
@@ -88,15 +89,15 @@ def _refuse_offline(art: Artifact) -> None:
     if setting is not None:
         var = setting.split("=", 1)[0]
         raise MissingArtifactsError(
-            f"{art.label()} is not on disk and {setting} forbids downloading it; prefetch needs the network: "
-            f"on a login node run `{var}= make prefetch ...` (or `{var}= python -m lmk.prefetch ...`)")
+            f"{art.label()} is not on disk and {setting} forbids downloading it; the download needs the network: "
+            f"on a login node run `{var}= make download ...` (or `{var}= python -m lmk.download ...`)")
 
 
 class FetchError(RuntimeError):
     """A download failed (the network, a proxy, the hub); what finished before it is recorded."""
 
 
-def prefetch(artifacts: Iterable[Artifact], mirror_dir: str | os.PathLike | None = None,
+def download(artifacts: Iterable[Artifact], mirror_dir: str | os.PathLike | None = None,
              dry_run: bool = False, keep_going: bool = False) -> list[dict[str, Any]]:
     """Fetch what is not on disk yet, each (repo, revision, config, files) on its own; returns the manifest
     entries (each recorded in the manifest as soon as it is complete). A failed download stops it, or with
@@ -132,13 +133,20 @@ def prefetch(artifacts: Iterable[Artifact], mirror_dir: str | os.PathLike | None
     return entries
 
 
+def prefetch(*args: Any, **kwargs: Any) -> list[dict[str, Any]]:
+    """The old name of `download`, kept working."""
+    warnings.warn("lmk.hub.fetch.prefetch is deprecated: use lmk.hub.fetch.download",  # deprecated alias
+                  DeprecationWarning, stacklevel=2)
+    return download(*args, **kwargs)
+
+
 def interrupt_download(art: Artifact, mirror_dir: str | os.PathLike | None = None) -> Path:
     """Fault injection: leave `art` as a download killed midway leaves it, in the mirror (`mirror_dir`) or
     the Hugging Face caches, so that `locate` must not count it (the rehearsal's "interrupted download").
 
     Mirror: the start marker with one truncated file and huggingface_hub's `.incomplete` part. Cache: an
     `.incomplete` blob, a snapshot without weights, a `datasets` config folder still `.incomplete`, and no
-    manifest entry (prefetch records an artifact only once its fetch returned). Returns the folder touched.
+    manifest entry (a download records an artifact only once its fetch returned). Returns the folder touched.
     """
     if mirror_dir is not None:
         folder = mirror.repo_dir(mirror_dir, art.kind, art.repo_id)

@@ -9,7 +9,7 @@ Layout (the same files as the hub repo, one folder per repo):
                                              configs, every file with its size (a partial download has none)
     <repo folder>/.lmk_incomplete            written FIRST by a download, removed by its completion
 
-`python -m lmk.prefetch ... --mirror DIR` fills it on a login node; `python -m lmk.eval.replicas --mirror DIR`
+`python -m lmk.download ... --mirror DIR` fills it on a login node; `python -m lmk.eval.replicas --mirror DIR`
 writes small offline replicas of the paper's eval datasets in the same layout. A job finds the mirror through
 the config key `hub.mirror` or the environment variable `LMK_HUB_MIRROR`; mteb tasks whose dataset is in the
 mirror then read it from there (their metadata's dataset path is rewritten to the folder, which
@@ -142,7 +142,7 @@ def read_manifest(root: str | os.PathLike) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text())
     except json.JSONDecodeError as err:
-        raise ValueError(f"{path}: not valid JSON ({err}); delete it and rerun lmk.prefetch / lmk.eval.replicas") from err
+        raise ValueError(f"{path}: not valid JSON ({err}); delete it and rerun lmk.download / lmk.eval.replicas") from err
     data.setdefault("artifacts", [])
     return data
 
@@ -157,7 +157,7 @@ def record(root: str | os.PathLike, entries: list[dict[str, Any]]) -> Path:
         keyed[(e["kind"], e["repo_id"], e.get("config"))] = dict(e, recorded=time.strftime("%Y-%m-%dT%H:%M:%S"))
     data["artifacts"] = sorted(keyed.values(), key=lambda e: (e["kind"], e["repo_id"], str(e.get("config"))))
     path = root / MANIFEST
-    write_json(path, data, indent=1)  # atomic; a unique temp name (two prefetches never share one)
+    write_json(path, data, indent=1)  # atomic; a unique temp name (two downloads never share one)
     return path
 
 

@@ -22,7 +22,7 @@ from transformers import AutoConfig, AutoModel
 from lmk.config import UserError
 from lmk.config.model import EncoderConfig, PoolingConfig
 from lmk.model.embedding import EmbeddingModel
-from lmk.model.landmark import POOLERS, LandmarkTransformer, Pooler, build_pooler
+from lmk.model.landmark import POOLER_CLASSES, LandmarkTransformer, Pooler, build_pooler
 
 OLD_MODULES = ("lmk.export.LandmarkTransformer", "lmk.export.LandmarkPooling")
 
@@ -68,11 +68,11 @@ def _pooler_class(ref: str) -> Any:
     if ref == OLD_MODULES[1]:
         return LegacyPoolerLoader
     name = ref.rsplit(".", 1)[-1]
-    for cls in POOLERS.values():
+    for cls in POOLER_CLASSES.values():
         if cls.__name__ == name:
             return cls
     raise ValueError(f"pooling module {ref!r}: no registered pooler class {name!r} in lmk.model.landmark "
-                     f"(registered: {', '.join(c.__name__ for c in POOLERS.values())})")
+                     f"(registered: {', '.join(c.__name__ for c in POOLER_CLASSES.values())})")
 
 
 class ExportFolderError(UserError, ValueError):

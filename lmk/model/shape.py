@@ -29,7 +29,7 @@ from lmk.model.backbone import SHIPPED_CONFIGS, load_config_json, package_model_
 
 _XLMR_LARGE = {"model_type": "xlm-roberta", "num_hidden_layers": 24, "hidden_size": 1024,
                "intermediate_size": 4096, "num_attention_heads": 16, "vocab_size": 250002}
-# The sizing keys of public config.json files, for hub encoders whose config is not on disk before a prefetch.
+# The sizing keys of public config.json files, for hub encoders whose config is not on disk before a download (`python -m lmk.download`).
 PUBLISHED_CONFIGS: dict[str, dict[str, Any]] = {
     "answerdotai/ModernBERT-large": {
         "model_type": "modernbert", "num_hidden_layers": 28, "hidden_size": 1024, "intermediate_size": 2624,
@@ -220,7 +220,7 @@ def _base_config(encoder: Any) -> dict[str, Any]:
         except OSError as e:
             if model_id in PUBLISHED_CONFIGS:
                 return dict(PUBLISHED_CONFIGS[model_id])
-            raise ValueError(f"encoder {model_id!r}: no local config to size it; prefetch it into the Hugging Face "
+            raise ValueError(f"encoder {model_id!r}: no local config to size it; download it into the Hugging Face "
                              f"cache, point encoder.model_id at a local folder, or add its sizes to "
                              f"lmk.model.shape.PUBLISHED_CONFIGS ({e})") from e
     if get("source") == "package" and get("package"):

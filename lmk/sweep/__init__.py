@@ -5,7 +5,7 @@
     driver.py      spec -> one Hydra multirun per block (`hydra/sweeper=rows`) -> eval stage -> table
     eval_stage.py  evaluation as a stage of its own: one job per (row, shard), merged into each row
     hub_mirror.py  a scale's hub mirror: every job reads it (hub.mirror); missing replicas written first
-    scale_artifacts.py  `python -m lmk.prefetch`: download what every job of a scale loads
+    scale_artifacts.py  `python -m lmk.download`: download what every job of a scale loads
     cost/          the cost model by its parts: rates, a training job, the eval stage, time limits, the dry run's
                    table and per-job report (memory: lmk.train.memory; the encoder's shape: lmk.model.shape)
     table_renderer.py  run folders' results.json -> Markdown / LaTeX / CSV / JSON / plot

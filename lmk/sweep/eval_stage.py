@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from lmk.config.eval import EvalConfig
-from lmk.eval.scoring import group_scores
+from lmk.eval.score_stats import group_scores
 from lmk.eval.tasks import LOCAL_TASKS
 from lmk.run.results import STATUS_DONE, Results, update_results
 from lmk.run.umask_files import write_json

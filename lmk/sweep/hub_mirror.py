@@ -5,7 +5,7 @@ from offline (`hub.mirror=<folder>`, see `lmk.hub.mirror`), made ready before an
       path: hub-mirror   # relative to the sweep folder (--out), or absolute (a shared scratch folder)
       replicas: true     # true | {n_queries, n_docs, lengths, seed}: the sweep writes `lmk.eval.replicas`
                          # into it for the suite's tasks whose repo is missing (the rehearsal's stand-in
-                         # for `make prefetch`); false: it must exist (filled by `make prefetch MIRROR=...`)
+                         # for `make download`); false: it must exist (filled by `make download MIRROR=...`)
 
 A cluster user fills the mirror on a login node and the jobs run with HF_HUB_OFFLINE=1 and hub.mirror; the
 rehearsal takes the same path with replicas written where the download would have gone.
@@ -70,7 +70,7 @@ def prepare(scale: Scale, out: Path, dry_run: bool = False) -> Path | None:
     if replicas is False or replicas is None:
         if not root.is_dir() and not dry_run:
             raise SpecError(f"scale {scale.name!r}: hub mirror {root} does not exist; fill it on a machine with "
-                            f"the network: make prefetch SCALE={scale.name} MIRROR={root}")
+                            f"the network: make download SCALE={scale.name} MIRROR={root}")
         return root
     sizes = _sizes(replicas)
     tasks = [t for t in suite_tasks(scale) if t in REPLICAS]

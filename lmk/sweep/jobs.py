@@ -4,7 +4,7 @@ A sweep runs in blocks, one Hydra multirun each (`hydra/sweeper=rows`): `train` 
 or per row and seed), `zeroshot` (`lmk.evaluate` of the untrained encoder, per row) and `eval` (the eval stage:
 `lmk.evaluate` of each trained row, per shard of the suite). `plan(...)` gives the blocks; the overrides of a
 job are `job_overrides(block.common, row overrides, row, seed)`, the formula the row sweeper applies to every
-job it launches. The prefetch (what the jobs load), the cost estimate, the eval stage and the sweep itself
+job it launches. The download (what the jobs load), the cost estimate, the eval stage and the sweep itself
 therefore agree on every job's config.
 """
 

@@ -1,4 +1,4 @@
-"""`python -m lmk.prefetch <spec> --scale paper [--mirror DIR]` (`make prefetch`): on a login node, download
+"""`python -m lmk.download <spec> --scale paper [--mirror DIR]` (`make download`): on a login node, download
 everything the sweep's jobs load (the union of `lmk.hub.artifacts.required_artifacts` over every job of the
 scale) into the Hugging Face cache or a mirror folder, and write a manifest."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 from lmk.hub import mirror
 from lmk.hub.artifacts import Artifact, cache_manifest_path, required_artifacts
-from lmk.hub.fetch import prefetch
+from lmk.hub.fetch import download
 from lmk.sweep.hub_mirror import prepare
 from lmk.sweep.jobs import Job, plan
 from lmk.sweep.spec import load_spec
@@ -37,7 +37,7 @@ def scale_artifacts(spec_path: str, scale_name: str) -> list[Artifact]:
 
 def _write_scale_replicas(args: argparse.Namespace) -> int | None:
     """A scale whose `hub_mirror` says `replicas` (the rehearsal) stands local replicas in for the downloads:
-    prefetch writes them where the sweep's jobs will look (the --mirror folder, else the scale's own)."""
+    the download writes them where the sweep's jobs will look (the --mirror folder, else the scale's own)."""
     spec = load_spec(args.spec)
     scale = spec.scale(args.scale)
     if not (scale.hub_mirror or {}).get("replicas"):
@@ -45,7 +45,7 @@ def _write_scale_replicas(args: argparse.Namespace) -> int | None:
     if args.mirror:
         scale = dataclasses.replace(scale, hub_mirror={**scale.hub_mirror, "path": str(Path(args.mirror).resolve())})
     root = prepare(scale, Path(args.out or f"outputs/{spec.name}/{args.scale}"), dry_run=args.dry_run)
-    print(f"[lmk.prefetch] scale {args.scale!r} reads offline replicas, nothing to download: "
+    print(f"[lmk.download] scale {args.scale!r} reads offline replicas, nothing to download: "
           f"{'would write' if args.dry_run else 'wrote'} them into {root}")
     return 0
 
@@ -65,14 +65,14 @@ def main(argv: list[str] | None = None) -> int:
     if replicated is not None:
         return replicated
     arts = scale_artifacts(args.spec, args.scale)
-    print(f"[lmk.prefetch] scale {args.scale!r}: {len(arts)} artifacts", flush=True)
-    entries = prefetch(arts, args.mirror, dry_run=args.dry_run, keep_going=args.keep_going)
+    print(f"[lmk.download] scale {args.scale!r}: {len(arts)} artifacts", flush=True)
+    entries = download(arts, args.mirror, dry_run=args.dry_run, keep_going=args.keep_going)
     missing = [e for e in entries if e["status"] == "missing"]
     if args.dry_run:
-        print(f"[lmk.prefetch] dry run: {len(missing)} of {len(entries)} not on disk")
+        print(f"[lmk.download] dry run: {len(missing)} of {len(entries)} not on disk")
     else:
         where = Path(args.mirror) / mirror.MANIFEST if args.mirror else cache_manifest_path()
-        print(f"[lmk.prefetch] manifest: {where}")
+        print(f"[lmk.download] manifest: {where}")
     return 0
 
 

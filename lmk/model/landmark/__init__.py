@@ -26,6 +26,7 @@ below load on first use, and with them every module here, so a new pooler file r
 
 import importlib
 import pkgutil
+import warnings
 from typing import Any
 
 # public name -> the module that defines it (a module's own name: the module itself)
@@ -37,7 +38,7 @@ _DEFINED_IN = {
     "LatentAttentionPooling": "latent_attention", "STRATEGY_TRAITS": "layouts", "rows_and_local": "layouts",
     "guard_padded_rows": "sliding_window_guard", "has_sliding_window": "sliding_window_guard",
     "no_empty_rows": "sliding_window_guard",
-    "POOLERS": "poolers", "CLSPooling": "poolers", "LMKPooling": "poolers", "MeanPooling": "poolers",
+    "POOLER_CLASSES": "poolers", "CLSPooling": "poolers", "LMKPooling": "poolers", "MeanPooling": "poolers",
     "Pooler": "poolers", "build_pooler": "poolers", "masked_mean": "poolers", "register_pooler": "poolers",
     "check_splitter": "sentences", "multilingual_backend": "sentences", "split_sentences": "sentences",
     "koehn_splitter": "koehn_splitter",
@@ -45,6 +46,7 @@ _DEFINED_IN = {
     "LandmarkVectorMask": "landmark_mask", "VECTORS": "landmark_mask", "vector_mask": "landmark_mask",
 }
 __all__ = sorted(_DEFINED_IN)
+_OLD_NAMES = {"POOLERS": "POOLER_CLASSES"}  # old names kept working, each with a DeprecationWarning
 
 
 def load_all() -> None:
@@ -54,6 +56,10 @@ def load_all() -> None:
 
 
 def __getattr__(name: str) -> Any:
+    if name in _OLD_NAMES:
+        warnings.warn(f"lmk.model.landmark.{name} is deprecated: use {_OLD_NAMES[name]}", DeprecationWarning,
+                      stacklevel=2)
+        name = _OLD_NAMES[name]
     if name not in _DEFINED_IN:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     if name == _DEFINED_IN[name]:  # a module used as a namespace loads alone: `names` stays torch-free

@@ -22,7 +22,7 @@ class LatentAttentionPooling(Pooler):
     each, bias-free projections, feed-forward width 4 x hidden_size; latents initialised N(0, 1).
     """
 
-    name = "latent_attention"  # needs: names.POOLERS["latent_attention"] (the hidden size; trainable)
+    name = "latent_attention"  # needs: names.DECLARED_POOLERS["latent_attention"] (the hidden size; trainable)
 
     def __init__(
         self,

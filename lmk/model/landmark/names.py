@@ -4,7 +4,7 @@ Config validation (`lmk.config`, torch-free) imports this module to learn the po
 and the sentence splitters; the implementations take their declarations from here too (`register_pooler`,
 `layouts.py`, `sentences.py`), so there is one table per concept and nothing reads source files.
 
-POOLERS: {pooler name: its needs}. A pooler class registers under its `name` (`@register_pooler`); a name declared
+DECLARED_POOLERS: {pooler name: its needs}. A pooler class registers under its `name` (`@register_pooler`); a name declared
 here gives the class its needs, and a pooler defined anywhere else (a user's module, a test) declares its own name
 and needs from its class attributes when it registers, so config validation accepts it from then on.
   needs_pool_mask: it pools the positions a strategy marks (pool_mask);
@@ -25,7 +25,7 @@ from typing import Any
 POOLER_NEEDS: dict[str, Any] = {"needs_pool_mask": False, "needs_hidden_size": False, "trainable": False,
                                 "attention_rows": None}  # the needs a pooler that declares none has
 
-POOLERS: dict[str, dict[str, Any]] = {
+DECLARED_POOLERS: dict[str, dict[str, Any]] = {
     "cls": {**POOLER_NEEDS, "attention_rows": "cls"},
     "mean": {**POOLER_NEEDS, "attention_rows": "mean"},
     "lmk": {**POOLER_NEEDS, "needs_pool_mask": True, "attention_rows": "lmk"},
@@ -61,8 +61,8 @@ def declare_pooler(name: str, **needs: Any) -> dict[str, Any]:
     if unknown:
         raise ValueError(f"pooler {name!r}: unknown needs {unknown}; allowed: {', '.join(POOLER_NEEDS)}")
     declared = {**POOLER_NEEDS, **needs}
-    if name in POOLERS and POOLERS[name] != declared:
-        raise ValueError(f"pooler {name!r} is declared twice with different needs ({POOLERS[name]} and {declared}); "
+    if name in DECLARED_POOLERS and DECLARED_POOLERS[name] != declared:
+        raise ValueError(f"pooler {name!r} is declared twice with different needs ({DECLARED_POOLERS[name]} and {declared}); "
                          "give the new pooler its own name")
-    POOLERS[name] = declared
+    DECLARED_POOLERS[name] = declared
     return declared

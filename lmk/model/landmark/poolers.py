@@ -2,8 +2,8 @@
 embeddings [B, H].
 
 A pooler is a small `Pooler` subclass with a `name` (its pooling mode) and a `config()`; its needs are declared in
-`names.POOLERS` (plain Python, read by config validation without torch), or, for a pooler defined outside this
-package, by its class attributes. `@register_pooler` adds the class to `POOLERS` (a duplicate name is an error) and
+`names.DECLARED_POOLERS` (plain Python, read by config validation without torch), or, for a pooler defined outside this
+package, by its class attributes. `@register_pooler` adds the class to `POOLER_CLASSES` (a duplicate name is an error) and
 `build_pooler(name, hidden_size, **kwargs)` builds one. Each pooler is also a sentence-transformers module (the
 one class lmk trains and encodes with is the one an export saves and loads): called with the features dict it writes
 `sentence_embedding`, called with tensors it returns the embeddings. Inputs are never modified in place, and means
@@ -29,8 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .names import POOLER_NEEDS, declare_pooler
-from .names import POOLERS as DECLARED
+from .names import DECLARED_POOLERS, POOLER_NEEDS, declare_pooler
 
 try:
     from sentence_transformers.base.modules import Module
@@ -70,7 +69,7 @@ class Pooler(Module):
 
     name: ClassVar[str] = ""
     # What the pooler needs (read by other modules instead of testing its name): set by `register_pooler` from its
-    # declaration in names.POOLERS; a pooler outside this package declares them here (see names.py)
+    # declaration in names.DECLARED_POOLERS; a pooler outside this package declares them here (see names.py)
     needs_pool_mask: ClassVar[bool] = False  # pools positions the strategy marks (pool_mask)
     needs_hidden_size: ClassVar[bool] = False  # built with the backbone's hidden size
     trainable: ClassVar[bool] = False  # has weights (saved with the model: model.safetensors in its folder)
@@ -139,47 +138,47 @@ class Pooler(Module):
         return module
 
 
-POOLERS: dict[str, type[Pooler]] = {}
+POOLER_CLASSES: dict[str, type[Pooler]] = {}
 
 
 def register_pooler(cls: type[Pooler]) -> type[Pooler]:
-    """Class decorator: add a pooler to `POOLERS` under its `name`. A name declared in names.POOLERS gives the class
+    """Class decorator: add a pooler to `POOLER_CLASSES` under its `name`. A name declared in names.DECLARED_POOLERS gives the class
     its needs; any other name is declared there from the class's attributes, so config validation knows it."""
     if not cls.name:
         raise ValueError(f"pooler class {cls.__qualname__} has no `name`")
-    if cls.name in POOLERS and POOLERS[cls.name] is not cls:
-        raise ValueError(f"pooler name {cls.name!r} is registered twice ({POOLERS[cls.name].__qualname__} and "
+    if cls.name in POOLER_CLASSES and POOLER_CLASSES[cls.name] is not cls:
+        raise ValueError(f"pooler name {cls.name!r} is registered twice ({POOLER_CLASSES[cls.name].__qualname__} and "
                          f"{cls.__qualname__}); give each pooler its own name")
-    if cls.name in DECLARED:
-        for need, value in DECLARED[cls.name].items():
+    if cls.name in DECLARED_POOLERS:
+        for need, value in DECLARED_POOLERS[cls.name].items():
             if need in vars(cls) and vars(cls)[need] != value:
-                raise ValueError(f"pooler {cls.__qualname__} sets {need}={vars(cls)[need]!r} but names.POOLERS "
+                raise ValueError(f"pooler {cls.__qualname__} sets {need}={vars(cls)[need]!r} but names.DECLARED_POOLERS "
                                  f"declares {value!r} for {cls.name!r}; change the declaration, not the class")
             setattr(cls, need, value)
     else:
         declare_pooler(cls.name, **{need: getattr(cls, need) for need in POOLER_NEEDS})
-    POOLERS[cls.name] = cls
+    POOLER_CLASSES[cls.name] = cls
     return cls
 
 
 def build_pooler(name: str, hidden_size: int | None = None, **kwargs: Any) -> Pooler:
     """Build a pooler by registry name; `hidden_size` is passed only to poolers that need it."""
-    if name not in POOLERS:
-        raise ValueError(f"unknown pooler {name!r}; allowed: {', '.join(POOLERS)}")
-    if POOLERS[name].needs_hidden_size:
+    if name not in POOLER_CLASSES:
+        raise ValueError(f"unknown pooler {name!r}; allowed: {', '.join(POOLER_CLASSES)}")
+    if POOLER_CLASSES[name].needs_hidden_size:
         if hidden_size is None:
             raise ValueError(
                 f"pooler {name!r} is trainable and needs hidden_size (the backbone's hidden size)"
             )
-        return POOLERS[name](hidden_size=hidden_size, **kwargs)
+        return POOLER_CLASSES[name](hidden_size=hidden_size, **kwargs)
     if kwargs:
         raise ValueError(f"pooler {name!r} takes no options, got {sorted(kwargs)}")
-    return POOLERS[name]()
+    return POOLER_CLASSES[name]()
 
 
 @register_pooler
 class CLSPooling(Pooler):
-    name = "cls"  # needs: names.POOLERS["cls"]
+    name = "cls"  # needs: names.DECLARED_POOLERS["cls"]
 
     def pool(self, token_embeddings: Tensor, attention_mask: Tensor, pool_mask: Tensor | None) -> Tensor:
         # first non-pad token: position 0 with right padding, after the padding with left padding
@@ -190,7 +189,7 @@ class CLSPooling(Pooler):
 
 @register_pooler
 class MeanPooling(Pooler):
-    name = "mean"  # needs: names.POOLERS["mean"]
+    name = "mean"  # needs: names.DECLARED_POOLERS["mean"]
 
     def pool(self, token_embeddings: Tensor, attention_mask: Tensor, pool_mask: Tensor | None) -> Tensor:
         return masked_mean(token_embeddings, attention_mask)
@@ -200,7 +199,7 @@ class MeanPooling(Pooler):
 class LMKPooling(Pooler):
     """Pooling mode ``lmk`` (the name sentence-transformers' LMK pull request gives it)."""
 
-    name = "lmk"  # needs: names.POOLERS["lmk"] (the pool_mask)
+    name = "lmk"  # needs: names.DECLARED_POOLERS["lmk"] (the pool_mask)
 
     def pool(self, token_embeddings: Tensor, attention_mask: Tensor, pool_mask: Tensor | None) -> Tensor:
         if pool_mask is None:
@@ -220,7 +219,7 @@ class LastTokenPooling(Pooler):
     attention the last token is the only one that has seen the whole text; the layout ends every text with the
     landmark token (the EOS of a decoder)."""
 
-    name = "last_token"  # needs: names.POOLERS["last_token"]
+    name = "last_token"  # needs: names.DECLARED_POOLERS["last_token"]
 
     def pool(self, token_embeddings: Tensor, attention_mask: Tensor, pool_mask: Tensor | None) -> Tensor:
         # the last non-pad position: T - 1 with left padding, length - 1 with right padding

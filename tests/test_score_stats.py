@@ -1,4 +1,4 @@
-"""Scoring on hand-made scores: LongEmbed averaging, groups, per-query measures, paired t-test."""
+"""Score statistics on hand-made scores: LongEmbed averaging, groups, per-query measures, paired t-test."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from lmk.eval.scoring import (
+from lmk.eval.score_stats import (
     LONGEMBED6,
     group_scores,
     longembed6_score,
@@ -79,3 +79,15 @@ def test_paired_ttest_matches_the_formula() -> None:
     assert same["t"] == 0.0 and same["p"] == 1.0
     with pytest.raises(ValueError, match="same suite"):
         paired_ttest(a, {"Other": {"test": {"q1": 1.0}}})
+
+
+def test_the_old_module_path_still_imports_with_a_deprecation(monkeypatch) -> None:
+    """`lmk.eval.scoring` (the module's old name, beside the `eval.scoring` setting) is the same module, with a
+    DeprecationWarning naming the new one."""
+    import importlib
+    import sys
+
+    monkeypatch.delitem(sys.modules, "lmk.eval.scoring", raising=False)
+    with pytest.warns(DeprecationWarning, match="lmk.eval.score_stats"):
+        old = importlib.import_module("lmk.eval.scoring")
+    assert old.__name__ == "lmk.eval.score_stats" and old.paired_ttest is paired_ttest

@@ -1,10 +1,13 @@
-"""Compute nodes without internet: what prefetch lists == what the jobs open; the mirror read offline by
+"""Compute nodes without internet: what the download lists == what the jobs open; the mirror read offline by
 the real mteb task classes; the check before compute names what is missing."""
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +20,7 @@ from lmk.hub import artifacts, mirror
 from lmk.hub import fetch as hub_fetch
 from lmk.hub.artifacts import Artifact, MissingArtifactsError, check_available, required_artifacts
 from lmk.hub.offline import is_hub_id
-from lmk.sweep import scale_artifacts as prefetch_cmd
+from lmk.sweep import scale_artifacts as download_cmd
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC = str(ROOT / "experiments" / "table2" / "spec.yaml")
@@ -122,8 +125,8 @@ def _scales() -> list[Any]:
 
 
 @pytest.mark.parametrize("scale", _scales())
-def test_prefetch_list_equals_what_every_job_loads(scale: str, empty_hf_cache: Path) -> None:
-    jobs = prefetch_cmd.scale_jobs(SPEC, scale)
+def test_download_list_equals_what_every_job_loads(scale: str, empty_hf_cache: Path) -> None:
+    jobs = download_cmd.scale_jobs(SPEC, scale)
     assert jobs, f"scale {scale} has no jobs"
     seen: set[str] = set()
     for job in jobs:
@@ -135,7 +138,7 @@ def test_prefetch_list_equals_what_every_job_loads(scale: str, empty_hf_cache: P
         if key in seen:
             continue
         seen.add(key)
-        # compared per repo and revision (the unit prefetch downloads and the check looks for); the configs
+        # compared per repo and revision (the unit the download fetches and the check looks for); the configs
         # read inside a repo (mteb's corpus/queries/qrels, CodeSearchNet's per-language ones) come with it
         listed = {(a.kind, a.repo_id, a.revision) for a in required_artifacts(cfg)}
         with record_hub_loads() as opened:
@@ -147,7 +150,7 @@ def test_prefetch_list_equals_what_every_job_loads(scale: str, empty_hf_cache: P
             assert "answerdotai/ModernBERT-base" in repos and "cfli/bge-full-data" in repos
             assert not any(r.startswith("mteb/") for r in repos)  # paper training evaluates nothing
     if scale == "paper":  # the eval stage's jobs read the suite's datasets, and only those
-        stage = {(a.kind, a.repo_id) for a in prefetch_cmd.scale_artifacts(SPEC, scale) if a.task}
+        stage = {(a.kind, a.repo_id) for a in download_cmd.scale_artifacts(SPEC, scale) if a.task}
         assert ("dataset", "mteb/scifact") in stage and ("dataset", "dwzhu/LongEmbed") in stage
 
 
@@ -185,7 +188,7 @@ def test_offline_check_names_whats_missing_then_passes_with_the_mirror(
     for repo in ("mteb/scifact", "mteb/msmarco", "mteb/MultiLongDocRetrieval", "dwzhu/LongEmbed",
                  "answerdotai/ModernBERT-base"):
         assert repo in msg
-    assert "lmk.prefetch" in msg and "hub.mirror" in msg
+    assert "lmk.download" in msg and "hub.mirror" in msg
     check_available(cfg, offline=False)  # online: the job downloads; nothing is probed
 
     root = tmp_path / "mirror"
@@ -202,7 +205,7 @@ def test_offline_check_names_whats_missing_then_passes_with_the_mirror(
     (model_dir / "config.json").write_text("{}")
     assert mirror.resolve_model("answerdotai/ModernBERT-base") == str(model_dir)
     assert mirror.resolve_model("other/model") == "other/model"
-    # a dataset in the caches counts too (what `prefetch` without --mirror fills): every config of a shared
+    # a dataset in the caches counts too (what `download` without --mirror fills): every config of a shared
     # repo on its own (LongEmbed's five configs; a repo snapshot alone vouches for none of them)
     snap = empty_hf_cache / "hub" / "datasets--dwzhu--LongEmbed" / "snapshots" / "6e346642246bfb4928c560ee08640dc84d074e8c"
     snap.mkdir(parents=True)
@@ -218,28 +221,28 @@ def test_offline_check_names_whats_missing_then_passes_with_the_mirror(
     check_available(cfg)
 
 
-def test_prefetch_offline_records_whats_there_and_refuses_to_download(
+def test_download_offline_records_whats_there_and_refuses_to_download(
         tmp_path: Path, empty_hf_cache: Path, capsys: pytest.CaptureFixture) -> None:
     from lmk.eval.replicas import Sizes, write_replicas
 
     root = tmp_path / "mirror"
     write_replicas(root, ["SciFact"], Sizes(n_queries=2, n_docs=4))
     have = Artifact("dataset", "mteb/scifact", "d56462d0e63a25450459c4f213e49ffdb866f7f9", what="eval task SciFact")
-    entries = hub_fetch.prefetch([have], root)
+    entries = hub_fetch.download([have], root)
     assert entries[0]["status"] == "mirror" and entries[0]["path"] == "datasets/mteb/scifact"
     manifest = json.loads((root / mirror.MANIFEST).read_text())
     assert any(e["repo_id"] == "mteb/scifact" for e in manifest["artifacts"])
     lacking = Artifact("model", "answerdotai/ModernBERT-base", what="encoder")
-    dry = hub_fetch.prefetch([have, lacking], root, dry_run=True)
+    dry = hub_fetch.download([have, lacking], root, dry_run=True)
     assert [e["status"] for e in dry] == ["mirror", "missing"]
     with pytest.raises(MissingArtifactsError, match="needs the network"):
-        hub_fetch.prefetch([lacking], root)
+        hub_fetch.download([lacking], root)
 
 
 @pytest.mark.slow  # composes every job of the paper sweep (13 s); the list it prints is checked fast at the tiny and
-# rehearsal scales (test_prefetch_list_equals_what_every_job_loads)
-def test_prefetch_cli_dry_run_lists_the_paper_sweep(empty_hf_cache: Path, capsys: pytest.CaptureFixture) -> None:
-    assert prefetch_cmd.main([SPEC, "--scale", "paper", "--dry-run"]) == 0
+# rehearsal scales (test_download_list_equals_what_every_job_loads)
+def test_download_cli_dry_run_lists_the_paper_sweep(empty_hf_cache: Path, capsys: pytest.CaptureFixture) -> None:
+    assert download_cmd.main([SPEC, "--scale", "paper", "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "answerdotai/ModernBERT-base" in out and "cfli/bge-full-data" in out and "mteb/scifact" in out
     assert "dry run:" in out and "not on disk" in out
@@ -341,8 +344,8 @@ def test_training_data_in_the_mirror_is_read_from_it(tmp_path: Path, monkeypatch
     assert data.sources[0].path == "cfli/bge-full-data"  # the job's own config is not modified
 
 
-def test_prefetch_goes_through_the_proxy_variables(tmp_path: Path) -> None:
-    """Where the network is used (prefetch on a login node), HTTPS_PROXY is honoured: a stand-in proxy sees
+def test_download_goes_through_the_proxy_variables(tmp_path: Path) -> None:
+    """Where the network is used (the download on a login node), HTTPS_PROXY is honoured: a stand-in proxy sees
     the CONNECT to the hub for a model and for an eval task's dataset (refused here: no hub is reachable)."""
     import os
     import socket
@@ -417,13 +420,13 @@ def _prepared(hf: Path, repo: str, config: str) -> Path:
 
 
 def test_one_config_of_a_repo_on_disk_says_nothing_of_the_others(empty_hf_cache: Path) -> None:
-    # the fake cache holds LongEmbed's snapshot folder and ONE prepared config, as after prefetching needle
+    # the fake cache holds LongEmbed's snapshot folder and ONE prepared config, as after downloading needle
     (empty_hf_cache / "hub" / "datasets--dwzhu--LongEmbed" / "snapshots" / LONGEMBED_REV).mkdir(parents=True)
     _prepared(empty_hf_cache, "dwzhu/LongEmbed", "needle")
     arts = _longembed_arts()
     assert artifacts.locate(arts[0]) is not None
     assert [artifacts.locate(a) for a in arts[1:]] == [None] * 4
-    dry = hub_fetch.prefetch(arts, dry_run=True)
+    dry = hub_fetch.download(arts, dry_run=True)
     assert [e["status"] for e in dry] == ["datasets cache"] + ["missing"] * 4
     # another revision of the same config is another artifact
     assert artifacts.locate(Artifact("dataset", "dwzhu/LongEmbed", "f" * 40, "needle")) is None
@@ -500,7 +503,7 @@ def test_the_rehearsal_mirror_gets_every_config_of_a_shared_repo(tmp_path: Path,
     assert all(mirror.find("dataset", "dwzhu/LongEmbed", root, cfg) is not None for cfg in LONGEMBED)
 
 
-# ------------------------------------------------------------------ make prefetch on a login node
+# ------------------------------------------------------------------ make download on a login node
 def _make(target: str, env_var: str | None, tmp_path: Path, **extra: str) -> str:
     """`make <target>` with a stand-in interpreter that prints the HF_HUB_OFFLINE the recipe sees."""
     import os
@@ -519,24 +522,37 @@ def _make(target: str, env_var: str | None, tmp_path: Path, **extra: str) -> str
     return proc.stdout.strip().splitlines()[-1]
 
 
-def test_make_prefetch_is_online_on_a_login_node_and_jobs_stay_offline(tmp_path: Path) -> None:
-    assert _make("prefetch", None, tmp_path) == "HF_HUB_OFFLINE=[]"  # unset: online (was 1: a refusal)
-    assert _make("prefetch", "", tmp_path) == "HF_HUB_OFFLINE=[]"  # the advice, as typed
-    assert _make("prefetch", "1", tmp_path) == "HF_HUB_OFFLINE=[1]"  # asked offline: records what is there
+def test_make_download_is_online_on_a_login_node_and_jobs_stay_offline(tmp_path: Path) -> None:
+    assert _make("download", None, tmp_path) == "HF_HUB_OFFLINE=[]"  # unset: online (was 1: a refusal)
+    assert _make("download", "", tmp_path) == "HF_HUB_OFFLINE=[]"  # the advice, as typed
+    assert _make("download", "1", tmp_path) == "HF_HUB_OFFLINE=[1]"  # asked offline: records what is there
     assert _make("reproduce-table2", None, tmp_path) == "HF_HUB_OFFLINE=[1]"  # jobs: offline by default
     assert _make("reproduce-table2", "", tmp_path) == "HF_HUB_OFFLINE=[]"
 
 
-def test_prefetch_offline_advice_names_the_variable(empty_hf_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_old_command_names_still_download_with_a_deprecation(tmp_path: Path) -> None:
+    """`make prefetch` and `python -m lmk.prefetch` (the download's old names; `eval.prefetch` is the encode
+    setting) run the same command, online on a login node, and say the new name; so does lmk.hub.fetch.prefetch."""
+    assert _make("prefetch", None, tmp_path) == "HF_HUB_OFFLINE=[]"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-m", "lmk.prefetch", "--help"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "--mirror" in proc.stdout, proc.stderr[-2000:]
+    assert "deprecated: use python -m lmk.download" in proc.stderr, proc.stderr[-2000:]
+    with pytest.warns(DeprecationWarning, match="lmk.hub.fetch.download"):
+        assert hub_fetch.prefetch([], dry_run=True) == []
+
+
+def test_download_offline_advice_names_the_variable(empty_hf_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("HF_HUB_OFFLINE")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    with pytest.raises(MissingArtifactsError, match=r"HF_DATASETS_OFFLINE=1 forbids .*`HF_DATASETS_OFFLINE= make prefetch"):
-        hub_fetch.prefetch([Artifact("model", "answerdotai/ModernBERT-base")])
+    with pytest.raises(MissingArtifactsError, match=r"HF_DATASETS_OFFLINE=1 forbids .*`HF_DATASETS_OFFLINE= make download"):
+        hub_fetch.download([Artifact("model", "answerdotai/ModernBERT-base")])
 
 
 @pytest.mark.slow
-def test_make_prefetch_paper_fails_on_the_network_not_offline(tmp_path: Path) -> None:
-    """The login node's first command, through make and lmk.prefetch: with no network (HF_ENDPOINT at a closed
+def test_make_download_paper_fails_on_the_network_not_offline(tmp_path: Path) -> None:
+    """The login node's first command, through make and lmk.download: with no network (HF_ENDPOINT at a closed
     local port) it fails on the download, and with --keep-going tries every config of a shared repo."""
     import os
     import socket
@@ -550,15 +566,15 @@ def test_make_prefetch_paper_fails_on_the_network_not_offline(tmp_path: Path) ->
     env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE",
                                                              "HF_DATASETS_OFFLINE", "MAKEFLAGS", "MFLAGS")}
     env.update(HF_HOME=str(tmp_path / "hf"), HF_ENDPOINT=f"http://127.0.0.1:{port}", HTTPS_PROXY="", HTTP_PROXY="")
-    proc = subprocess.run(["make", "-s", "-o", "install", "prefetch", "SCALE=paper", f"PY={sys.executable}"],
+    proc = subprocess.run(["make", "-s", "-o", "install", "download", "SCALE=paper", f"PY={sys.executable}"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0 and "download(s) failed" in out, out[-3000:]
     assert "forbids downloading" not in out and "HF_HUB_OFFLINE" not in out
-    code = ("from lmk.hub.fetch import prefetch, Artifact\n"
+    code = ("from lmk.hub.fetch import download, Artifact\n"
             f"arts = [Artifact('dataset', 'dwzhu/LongEmbed', {LONGEMBED_REV!r}, c, task=t) for c, t in "
             "[('needle', 'LEMBNeedleRetrieval'), ('qmsum', 'LEMBQMSumRetrieval'), ('2wikimqa', 'LEMBWikimQARetrieval')]]\n"
-            "try:\n    prefetch(arts, keep_going=True)\nexcept Exception as err:\n    print('ERR', err)\n")
+            "try:\n    download(arts, keep_going=True)\nexcept Exception as err:\n    print('ERR', err)\n")
     proc = subprocess.run([sys.executable, "-c", code], env={**env, "PYTHONPATH": str(ROOT)}, capture_output=True,
                           text=True, timeout=600)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("failed")]
@@ -567,9 +583,9 @@ def test_make_prefetch_paper_fails_on_the_network_not_offline(tmp_path: Path) ->
 
 
 @pytest.mark.slow
-def test_prefetch_from_a_local_hub_fetches_every_config_and_never_keeps_a_cut_download(tmp_path: Path) -> None:
+def test_download_from_a_local_hub_fetches_every_config_and_never_keeps_a_cut_download(tmp_path: Path) -> None:
     """With HF_ENDPOINT at a stand-in hub (tests/hub_server.py) serving LongEmbed's five configs, a cache-mode
-    prefetch downloads each config (before: the first made the others count as present), the jobs then load
+    the download fetches each config (before: the first made the others count as present), the jobs then load
     them offline; a mirror download cut mid-file is not taken as present, and the rerun completes it."""
     import os
     import subprocess
@@ -585,14 +601,14 @@ def test_prefetch_from_a_local_hub_fetches_every_config_and_never_keeps_a_cut_do
     served = mirror.repo_dir(tmp_path / "src", "dataset", "dwzhu/LongEmbed")
     env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE",
                                                              "HF_DATASETS_OFFLINE", "LMK_HUB_MIRROR")}
-    common = ("from lmk.hub.fetch import prefetch, Artifact, FetchError\nfrom lmk.hub.artifacts import locate, "
+    common = ("from lmk.hub.fetch import download, Artifact, FetchError\nfrom lmk.hub.artifacts import locate, "
               "check_available\nimport mteb\n"
               f"tasks = {tasks!r}\n"
               "arts = [Artifact('dataset', 'dwzhu/LongEmbed', type(mteb.get_task(t)).metadata.dataset['revision'], "
               "type(mteb.get_task(t)).metadata.dataset['name'], task=t) for t in tasks]\n")
-    online = common + ("print('STATUS', [e['status'] for e in prefetch(arts)])\n"
-                       "print('AGAIN', [e['status'] for e in prefetch(arts)])\n")
-    into_mirror = common + (f"try:\n    print('MIRROR', [e['status'] for e in prefetch(arts, {str(tmp_path / 'mirror')!r})])\n"
+    online = common + ("print('STATUS', [e['status'] for e in download(arts)])\n"
+                       "print('AGAIN', [e['status'] for e in download(arts)])\n")
+    into_mirror = common + (f"try:\n    print('MIRROR', [e['status'] for e in download(arts, {str(tmp_path / 'mirror')!r})])\n"
                             "except FetchError as err:\n    print('CUT', err)\nprint('LOCATED', locate(arts[0]))\n")
     offline = common + (
         "check_available({'eval': {'tasks': tasks}})\n"
@@ -616,7 +632,7 @@ def test_prefetch_from_a_local_hub_fetches_every_config_and_never_keeps_a_cut_do
         out = python(into_mirror)  # the rerun completes the copy; the other configs come with the whole repo
         assert "MIRROR ['fetched', 'mirror', 'mirror', 'mirror', 'mirror']" in out, out
         env["HF_HOME"] = str(tmp_path / "hf")
-    # the hub is gone: the jobs read what prefetch left, offline
+    # the hub is gone: the jobs read what the download left, offline
     env["HF_HUB_OFFLINE"] = "1"
     out = python(offline)
     assert "OFFLINE OK" in out, out
