@@ -158,3 +158,56 @@ def test_eval_stage_offline_from_replicas_in_the_mirror(tmp_path: Path) -> None:
     assert proc.stdout.count(" reused ") == 12 and " prepared " not in proc.stdout
     assert {p: p.stat().st_mtime_ns for p in data.rglob("*")} == stamp
     assert read_results(out / "eval" / "cls--coir")["status"] == "done"
+
+
+def test_stage_plans_prepares_launches_and_merges_in_turn(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """The stage's four steps with the launcher's two commands recorded (a job "runs" by writing its results): the
+    data is prepared once before the launch, a failed preparation still launches, a row without a finished training
+    gets no job and fails the stage, the trained row's shards are merged; a dry run writes the plan only."""
+    from lmk.sweep.eval_stage import model_fingerprint, run_stage
+    from lmk.sweep.spec import Scale
+
+    out = tmp_path / "out"
+    for row, status in (("cls", "done"), ("mean", "failed")):
+        (out / "train" / row / "export").mkdir(parents=True)
+        (out / "train" / row / "export" / "model.safetensors").write_bytes(b"weights")
+        update_results(out / "train" / row, status=status, command="train")
+    scale = Scale(name="s", columns=[], eval_stage={"overrides": ["eval=table2-rehearsal"], "shard_by": "group"})
+    calls: list[list[str]] = []
+    blocks: list = []
+
+    def sweep_command(block, eval_dir, *_):
+        blocks.append((block, eval_dir))
+        return ["launch"]
+
+    def run_block(cmd: list[str], env: dict) -> int:
+        calls.append(cmd)
+        if cmd != ["launch"]:
+            return 3  # the preparation fails: its tasks' jobs fail naming why, the others run
+        for block, eval_dir in blocks:
+            for job in block.jobs():
+                fp = next(o for o in job.overrides if o.startswith("++model_fingerprint=")).split("=", 1)[1]
+                update_results(eval_dir / job.id, status="done", config={"model_fingerprint": fp.strip("'")},
+                               eval={"tasks": {job.id: {"main_score": 0.5}}, "timings": {}, "scoring": "single"})
+        return 0
+
+    data = out / "eval-data"
+    assert run_stage(scale, ["cls", "mean"], out, "g", False, True, sweep_command, run_block) == 0
+    plan = json.loads((out / "eval" / "jobs.json").read_text())
+    assert calls == [] and len(plan["jobs"]) == 2 * 6 and not any("model_fingerprint" in o for j in plan["jobs"]
+                                                                   for o in j["overrides"])
+    assert run_stage(scale, ["cls", "mean"], out, "g", False, False, sweep_command, run_block) == 1
+    err = capsys.readouterr().err
+    assert "training did not finish (not evaluated; rerun the sweep to finish them): mean" in err
+    assert "the eval data of some tasks was not prepared (exit 3" in err
+    prepare, launch = calls
+    assert prepare[1:5] == ["-m", "lmk.eval.prepared", "--out", str(data)] and "eval=table2-rehearsal" in prepare
+    assert not any(o.startswith("hub.prepared") for o in prepare) and launch == ["launch"]
+    (block, _), = blocks
+    assert sorted(block.rows) == sorted(f"cls--{s}" for s in plan["shards"])  # no job for the untrained row
+    fp = model_fingerprint(out / "train" / "cls")
+    assert all(f"hub.prepared={data}" in j.overrides and f"++model_fingerprint='{fp}'" in j.overrides
+               for j in block.jobs())
+    merged = read_results(out / "train" / "cls")["eval"]
+    assert merged["stage"] == {"shards": {s: "done" for s in plan["shards"]}, "model_fingerprint": fp}
+    assert set(merged["tasks"]) == set(block.rows) and "eval" not in read_results(out / "train" / "mean")

@@ -1,12 +1,14 @@
 """Evaluation: `python -m lmk.evaluate` (command.py), mteb underneath; the suite also runs inside training.
 
-    command.py    the entry point (torch-free until the config validated); evaluation.py: one model, one suite
+    command.py    the entry point (torch-free until the config validated); evaluation.py: one model, one suite, as
+                  stages: open_job -> prepare -> encode_suite -> score_suite -> record
     preflight.py  checks before compute that read this machine (data paths, task names, hub data on disk)
     suites.py     suite config -> mteb tasks (names checked, hub tasks pointed at the mirror)
     task_names.py  task names checked before mteb loads (local names declared in lmk.config.eval, mteb's cached)
     tasks.py      local tasks (@local_task): regenerated passkey / needle, long documents, docstrings
     encoder.py    the mteb encoder adapter around EmbeddingModel
-    runner.py     run_suite: mteb.evaluate per task, resumable cache, per-query scores; build_encoder (the scoring)
+    runner.py     the suite's stages encode_suite (mteb.evaluate per task, resumable cache, per-query scores),
+                  score_suite, record_suite; run_suite runs the three; build_encoder (the scoring)
     maxsim.py     eval.scoring=maxsim: exact blocked MaxSim over landmark states, mteb's multi-vector search
     callback.py   the Lightning callback (suite during / at the end of training)
     score_stats.py  scores as the paper reports them: group means, LongEmbed averaging, paired t-tests

@@ -1,4 +1,12 @@
-"""`run_suite`: one model through one eval suite with mteb, resumable, into the results "eval" section.
+"""One model through one eval suite with mteb, resumable, into the results "eval" section, in three stages:
+
+    encode_suite(Prepared) -> Encoded   every task through `mteb.evaluate` (the model encodes, mteb retrieves
+                                        and measures), cached splits reused; each task's summary and per-query scores
+    score_suite(Encoded) -> Scored      the group means and the encoder's figures: the "eval" section
+    record_suite(Scored) -> section     per_query.json and the loggers
+
+`run_suite` (the training callback, tests) runs the three in turn; `lmk.eval.evaluation.evaluate` calls them
+between its own prepare and record stages.
 
 - mteb owns retrieval and metrics (`mteb.evaluate`); this module only wires tasks, the encoder
   adapter, an explicit per-run `mteb.ResultCache` and the summaries.
@@ -17,6 +25,7 @@ import logging
 import os
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +37,7 @@ from lmk.config.eval import EvalConfig
 from lmk.data.landmarks import flat_summary
 from lmk.eval.encoder import LmkEncoder
 from lmk.eval.maxsim import LmkMaxSimEncoder
+from lmk.eval.prepared import reading
 from lmk.eval.score_stats import group_scores, metric_key, per_query_scores, split_key, summarize_scores
 from lmk.eval.suites import build_tasks
 from lmk.run.quiet_logging import quiet_progress_bars
@@ -280,7 +290,116 @@ def build_encoder(model: EmbeddingModel, cfg: EvalConfig, tag: str | None = None
     return LmkEncoder(model, cfg.query_max_length, cfg.passage_max_length, cfg.batch_size, **kwargs)
 
 
+@dataclass
+class Prepared:
+    """The encode stage's input: the model where it runs, the suite, its tasks, the mteb cache, where results go.
+
+    data_root: hub.prepared, the folder the hub tasks read their prepared data from (`lmk.eval.prepared`); out_dir:
+    where `per_query_file` is written (None: skipped); tag: extra cache identity (e.g. "step500" for mid-training
+    evals of changing weights); logger: None, a Lightning-style logger (log_metrics) or a list of them."""
+
+    model: EmbeddingModel
+    cfg: EvalConfig
+    tasks: list[AbsTask]
+    cache_dir: Path
+    out_dir: Path
+    data_root: str | None = None
+    per_query_file: str | None = PER_QUERY_FILE
+    tag: str | None = None
+    logger: Any = None
+    step: int | None = None
+
+
+@dataclass
+class Encoded:
+    """The encode stage's output: every task through mteb with one encoder (each task's summary, per-query scores
+    and seconds, in the suite's order); no encoder for a disabled suite."""
+
+    prepared: Prepared
+    encoder: LmkEncoder | None
+    tasks: dict[str, dict[str, Any]] = field(default_factory=dict)
+    per_query: dict[str, Any] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class Scored:
+    """The score stage's output: the results.json "eval" section (groups, the encoder's figures) and what the
+    record stage writes beside it."""
+
+    encoded: Encoded
+    section: dict[str, Any]
+
+
 @quiet_progress_bars()  # mteb's per-task dataset maps: one bar each, seconds of work
+def encode_suite(prepared: Prepared) -> Encoded:
+    """Every task of the suite through mteb (`mteb.evaluate`: the model encodes, mteb retrieves and measures), the
+    cached splits reused; the model is in eval mode meanwhile."""
+    cfg, model = prepared.cfg, prepared.model
+    if not cfg.enabled:
+        return Encoded(prepared, None)
+    # the model is already where it runs (lmk.evaluate / the callback put it there); precision "auto"
+    # resolves against that device
+    encoder = build_encoder(model, cfg, prepared.tag)
+    meta = encoder.mteb_model_meta
+    cache = mteb.ResultCache(cache_path=prepared.cache_dir)
+    store = prepared.cache_dir / "per_query" / meta.model_name_as_path() / str(meta.revision) / (meta.experiment_name or "")
+    encoded = Encoded(prepared, encoder)
+    was_training = bool(getattr(model, "training", False))
+    model.eval()
+    try:
+        with reading(prepared.tasks, prepared.data_root) as folders:
+            if folders:
+                log.info("eval data of %d hub tasks read from %s", len(folders), prepared.data_root)
+            for i, task in enumerate(prepared.tasks, 1):
+                detail.info("eval [%d/%d] %s (%s), splits %s, model %s", i, len(prepared.tasks), task.metadata.name,
+                            task.metadata.main_score, list(task.eval_splits), meta.name)
+                name = task.metadata.name
+                encoded.tasks[name], encoded.per_query[name], encoded.timings[name] = _evaluate_task(
+                    task, encoder, cache, store, cfg)
+    finally:
+        model.train(was_training)
+    return encoded
+
+
+def score_suite(encoded: Encoded) -> Scored:
+    """The suite's figures from its tasks' scores: the group means and what the encoder counted."""
+    cfg, encoder = encoded.prepared.cfg, encoded.encoder
+    section: dict[str, Any] = {"suite": cfg.name, "tasks": encoded.tasks, "groups": {}}
+    if encoder is None:
+        return Scored(encoded, section)
+    task_main = {t: e["main_score"] for t, e in section["tasks"].items()}
+    section["groups"] = group_scores(task_main, cfg.groups)
+    section["group_tasks"] = {g: list(m) for g, m in cfg.groups.items()}  # tables pair per-query scores by group
+    for group, value in section["groups"].items():
+        log.info("eval group %s: %s", group, "n/a" if value is None else f"{value:.4f}")
+    section.update(model=encoder.mteb_model_meta.name, fingerprint=encoder.fingerprint,
+                   query_max_length=cfg.query_max_length,
+                   device=str(getattr(encoded.prepared.model, "device", "cpu")), precision=encoder.precision,
+                   passage_max_length=cfg.passage_max_length, n_truncated=encoder.n_truncated,
+                   n_encoded=encoder.n_texts, timings=encoded.timings)
+    section["scoring"] = cfg.scoring  # which scoring these results used (tables name the block by it)
+    if isinstance(encoder, LmkMaxSimEncoder):
+        section.update(maxsim_query=cfg.maxsim_query, maxsim_search_seconds=round(encoder.search_seconds, 3))
+    return Scored(encoded, section)
+
+
+def record_suite(scored: Scored) -> dict[str, Any]:
+    """The per-query scores into `per_query_file` and the figures to the loggers; returns the eval section."""
+    section, encoded = scored.section, scored.encoded
+    prepared = encoded.prepared
+    if encoded.encoder is None:
+        return section
+    if prepared.per_query_file:
+        _write_json(prepared.out_dir / prepared.per_query_file, encoded.per_query)
+        section["per_query"] = prepared.per_query_file
+    _log_metrics(prepared.logger, suite_metrics(section), prepared.step)
+    _log_summary(prepared.logger, flat_summary("landmarks/eval", {t: e.get("landmarks") or {}
+                                                                  for t, e in section["tasks"].items()}))
+    return section
+
+
+@quiet_progress_bars()  # and the suite's tasks built here
 def run_suite(
     model: EmbeddingModel,
     eval_cfg: Any,
@@ -293,54 +412,13 @@ def run_suite(
     step: int | None = None,
     tasks: Sequence[AbsTask] | None = None,
 ) -> dict[str, Any]:
-    """Evaluate `model` on the suite `eval_cfg`; returns the results.json "eval" section.
-
-    cache_dir: the mteb ResultCache folder (resume). out_dir: where `per_query_file` is written
-    (default: the parent of cache_dir, i.e. the run dir); None as per_query_file skips it.
-    tag: extra cache identity (e.g. "step500" for mid-training evals of changing weights).
-    logger: None, a Lightning-style logger (log_metrics) or a list of them. tasks: prebuilt tasks
-    (the callback builds them once); by default built from the config (names checked first).
-    """
+    """Evaluate `model` on the suite `eval_cfg`; returns the results.json "eval" section: the encode, score and
+    record stages in turn (`Prepared` has the arguments; out_dir defaults to the parent of cache_dir, i.e. the run
+    dir). tasks: prebuilt tasks (the callback builds them once); by default built from the config (names checked
+    first)."""
     cfg = EvalConfig.from_cfg(eval_cfg)
-    section: dict[str, Any] = {"suite": cfg.name, "tasks": {}, "groups": {}}
-    if not cfg.enabled:
-        return section
-    task_list = list(tasks) if tasks is not None else build_tasks(cfg)
+    task_list = [] if not cfg.enabled else list(tasks) if tasks is not None else build_tasks(cfg)
     cache_dir = Path(cache_dir)
-    out_dir = Path(out_dir) if out_dir is not None else cache_dir.parent
-    # the model is already where it runs (lmk.evaluate / the callback put it there); precision "auto"
-    # resolves against that device
-    encoder = build_encoder(model, cfg, tag)
-    meta = encoder.mteb_model_meta
-    cache = mteb.ResultCache(cache_path=cache_dir)
-    store = cache_dir / "per_query" / meta.model_name_as_path() / str(meta.revision) / (meta.experiment_name or "")
-    timings: dict[str, float] = {}
-    per_query: dict[str, Any] = {}
-    was_training = bool(getattr(model, "training", False))
-    model.eval()
-    try:
-        for i, task in enumerate(task_list, 1):
-            detail.info("eval [%d/%d] %s (%s), splits %s, model %s", i, len(task_list), task.metadata.name,
-                     task.metadata.main_score, list(task.eval_splits), meta.name)
-            name = task.metadata.name
-            section["tasks"][name], per_query[name], timings[name] = _evaluate_task(task, encoder, cache, store, cfg)
-    finally:
-        model.train(was_training)
-    task_main = {t: e["main_score"] for t, e in section["tasks"].items()}
-    section["groups"] = group_scores(task_main, cfg.groups)
-    section["group_tasks"] = {g: list(m) for g, m in cfg.groups.items()}  # tables pair per-query scores by group
-    for group, value in section["groups"].items():
-        log.info("eval group %s: %s", group, "n/a" if value is None else f"{value:.4f}")
-    section.update(model=meta.name, fingerprint=encoder.fingerprint, query_max_length=cfg.query_max_length,
-                   device=str(getattr(model, "device", "cpu")), precision=encoder.precision,
-                   passage_max_length=cfg.passage_max_length, n_truncated=encoder.n_truncated,
-                   n_encoded=encoder.n_texts, timings=timings)
-    section["scoring"] = cfg.scoring  # which scoring these results used (tables name the block by it)
-    if isinstance(encoder, LmkMaxSimEncoder):
-        section.update(maxsim_query=cfg.maxsim_query, maxsim_search_seconds=round(encoder.search_seconds, 3))
-    if per_query_file:
-        _write_json(out_dir / per_query_file, per_query)
-        section["per_query"] = per_query_file
-    _log_metrics(logger, suite_metrics(section), step)
-    _log_summary(logger, flat_summary("landmarks/eval", {t: e.get("landmarks") or {} for t, e in section["tasks"].items()}))
-    return section
+    prepared = Prepared(model, cfg, task_list, cache_dir, Path(out_dir) if out_dir is not None else cache_dir.parent,
+                        per_query_file=per_query_file, tag=tag, logger=logger, step=step)
+    return record_suite(score_suite(encode_suite(prepared)))

@@ -3,7 +3,7 @@
     spec.py        a paper table as data (rows, columns, scales) + validation before compute
     jobs.py        every job of a scale (train, zero-shot, eval stage), composed by one set of functions
     driver.py      spec -> one Hydra multirun per block (`hydra/sweeper=rows`) -> eval stage -> table
-    eval_stage.py  evaluation as a stage of its own: one job per (row, shard), merged into each row
+    eval_stage.py  evaluation as a stage of its own: plan, prepare, launch, merge; one job per (row, shard)
     hub_mirror.py  a scale's hub mirror: every job reads it (hub.mirror); missing replicas written first
     scale_artifacts.py  `python -m lmk.download`: download what every job of a scale loads
     cost/          the cost model by its parts: rates, a training job, the eval stage, time limits, the dry run's
@@ -18,7 +18,7 @@ from lmk import interface
 
 __all__, __getattr__ = interface(__name__, {
     "lmk.sweep.driver": ("main", "mark_interrupted"),
-    "lmk.sweep.eval_stage": ("merge", "model_fingerprint", "trained_fingerprint"),
+    "lmk.sweep.eval_stage": ("merge", "model_fingerprint", "run_stage", "trained_fingerprint"),
     "lmk.sweep.hub_mirror": ("prepare",),
     "lmk.sweep.jobs": ("ENTRY_CONFIG", "compose_config", "job_id", "job_overrides", "plan", "plan_shards",
                        "rescore_block", "stage_overrides", "train_block", "zeroshot_block"),

@@ -4,22 +4,29 @@ At paper scale the suite is as costly as training (BEIR-15 alone is tens of mill
 at 8192 tokens), so the training jobs evaluate nothing (`eval.in_training: none`) and `lmk.sweep` runs this
 stage after them, through the same row sweeper and Hydra launcher (SLURM array, local GPUs, CPU):
 
-- the jobs (`lmk.sweep.jobs.eval_block`): the suite's tasks split into shards (`plan_shards`: one per eval
-  group by default), one job `<row>--<shard>` per (training row, shard), each `lmk.evaluate model=<train run
-  dir> eval.tasks=[...]` on one device, tagged with the trained model's fingerprint (`model_fingerprint`): a
-  finished shard of the same model is skipped by the sweeper (same config hash, status done), a crashed one
-  (status failed / no results) reruns alone, a retrained row reruns all its shards;
-- `merge(...)`: every finished shard's scores and per-query scores go into the training row's
-  `results.json` "eval" section and `per_query.json` (groups recomputed over the whole suite), which the
-  table reads as before.
+`run_stage` walks four stages once, each taking the previous one's output:
+
+    plan_stage -> StagePlan          the suite's shards (`lmk.sweep.jobs.stage_shards`: one per eval group by default),
+                                     each trained row's model fingerprint (`trained_fingerprint`), and the jobs
+                                     (`lmk.sweep.jobs.stage_block`): one `<row>--<shard>` per (trained row, shard),
+                                     each `lmk.evaluate model=<train run dir> eval.tasks=[...]` on one device, tagged
+                                     with the row's model fingerprint
+    prepare_stage -> StagePrepared   the suite's hub datasets prepared once into `<out>/eval-data`
+    launch_stage -> StageLaunched    the jobs through the row sweeper: a finished shard of the same model is skipped
+                                     (same config hash, status done), a crashed one (status failed / no results)
+                                     reruns alone, a retrained row reruns all its shards
+    merge_stage -> exit status       `merge(...)`: every finished shard's scores and per-query scores go into the
+                                     training row's `results.json` "eval" section and `per_query.json` (groups
+                                     recomputed over the whole suite), which the table reads as before
 
 The shards of a row share the row's mteb cache (`<train run>/mteb_cache`, one file per task), so a shard
 killed half-way resumes from the tasks it finished.
 
-Before any job launches, the suite's hub datasets are prepared once into `<out>/eval-data`
-(`python -m lmk.eval.prepared`, in the scale's environment, as the jobs would load them) and every job reads
-them with `hub.prepared=<it>`: no job converts a corpus or writes and locks a `datasets` cache on the shared
-file system. A rerun finds them prepared (fingerprinted) and converts nothing.
+The prepared hub datasets (`python -m lmk.eval.prepared`, in the scale's environment, as the jobs would load them)
+are what every job reads, with `hub.prepared=<it>`: no job converts a corpus or writes and locks a `datasets` cache
+on the shared file system. A rerun finds them prepared (fingerprinted) and converts nothing. A dry run plans,
+says where the data would be prepared and writes the jobs to `<out>/eval/jobs.json`; it launches and merges
+nothing.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ import json
 import logging
 import sys
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +45,7 @@ from lmk.eval.score_stats import group_scores
 from lmk.eval.tasks import LOCAL_TASKS
 from lmk.run.results import STATUS_DONE, Results, update_results
 from lmk.run.umask_files import write_json
-from lmk.sweep.jobs import SEP, eval_block, plan_shards, stage_overrides, stage_suite
+from lmk.sweep.jobs import SEP, Block, StageSuite, stage_block, stage_shards
 from lmk.sweep.spec import Scale
 
 log = logging.getLogger(__name__)
@@ -136,62 +144,120 @@ def merge(rows: Sequence[str], train_dir: str | Path, eval_dir: str | Path, suit
 PREPARED_DIR = "eval-data"  # under the sweep folder: the suite's hub datasets, prepared once for every job
 
 
-def prepared_data(scale: Scale, suite: EvalConfig, out: Path, hub: Sequence[str], dry_run: bool,
-                  run_block: Any) -> tuple[list[str], int]:
-    """Prepare the suite's hub datasets once, before the jobs (`lmk.eval.prepared` in the scale's environment);
-    returns the hub overrides the jobs then take (`hub.prepared=...`) and the preparation's exit code. A suite of
-    local tasks only needs nothing."""
-    if all(t in LOCAL_TASKS for t in suite.tasks):
-        return list(hub), 0
-    folder = out / PREPARED_DIR
-    overrides = [*hub, f"hub.prepared={folder}"]
-    if dry_run:
-        print(f"[lmk.sweep] eval stage: the suite's hub datasets are prepared once into {folder} before the jobs "
-              "launch; every job reads them (hub.prepared)", flush=True)
-        return overrides, 0
-    cmd = [sys.executable, "-m", "lmk.eval.prepared", "--out", str(folder), *stage_overrides(scale, hub)]
-    return overrides, run_block(cmd, scale.env)
-
-
 def run_stage(scale: Scale, rows: Sequence[str], out: Path, group: str, force: bool, dry_run: bool,
               sweep_command: Any, run_block: Any, hub: Sequence[str] = (),
               row_evals: Mapping[str, Sequence[str]] | None = None) -> int:
-    """The eval stage of a sweep (`scale.eval_stage`): plan (`lmk.sweep.jobs.eval_block`, each row's jobs with its
-    own `eval.*` overrides from `row_evals`), launch through the row sweeper, merge. Returns 1 when a shard of a
-    trained row is not merged or a row has no model, else 0."""
-    suite = stage_suite(scale, hub)
-    shards = plan_shards(suite, str(scale.eval_stage.get("shard_by", "group")))
-    train_dir, eval_dir = out / "train", out / "eval"
-    eval_dir.mkdir(parents=True, exist_ok=True)
-    if dry_run:
-        hub, _ = prepared_data(scale, suite, out, hub, True, run_block)
-        block = eval_block(scale, rows, train_dir, hub, row_evals=row_evals)
+    """The eval stage of a sweep (`scale.eval_stage`): plan, prepare, launch, merge, each stage taking the previous
+    one's output. Returns 1 when a shard of a trained row is not merged or a row has no model, else 0 (a dry run:
+    the plan in `<out>/eval/jobs.json`, nothing launched)."""
+    plan = plan_stage(scale, rows, out, dry_run, hub, row_evals)
+    prepared = prepare_stage(plan, run_block)
+    launched = launch_stage(prepared, sweep_command, run_block, group, force)
+    return merge_stage(launched)
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    """The plan stage's output: the suite and its shards, each trained row's model fingerprint (None: a dry run,
+    which reads no trained row), where the suite's hub datasets are prepared (None: local tasks only), the jobs."""
+
+    scale: Scale
+    rows: list[str]
+    out: Path
+    stage: StageSuite
+    fingerprints: dict[str, str | None] | None
+    data: Path | None
+    block: Block
+    dry_run: bool
+
+    @property
+    def untrained(self) -> list[str]:
+        return [row for row, fp in (self.fingerprints or {}).items() if fp is None]
+
+
+@dataclass(frozen=True)
+class StagePrepared:
+    """The prepare stage's output: the plan and the exit code of the data preparation (0: none needed)."""
+
+    plan: StagePlan
+    code: int
+
+
+@dataclass(frozen=True)
+class StageLaunched:
+    """The launch stage's output: the plan and the row sweeper's exit code (0: nothing launched)."""
+
+    plan: StagePlan
+    code: int
+
+
+def plan_stage(scale: Scale, rows: Sequence[str], out: Path, dry_run: bool, hub: Sequence[str] = (),
+               row_evals: Mapping[str, Sequence[str]] | None = None) -> StagePlan:
+    """The suite and its shards (`lmk.sweep.jobs.stage_shards`), the trained rows' model fingerprints, and the jobs
+    (`lmk.sweep.jobs.stage_block`, each row's with its own `eval.*` overrides from `row_evals`), which read the
+    suite's hub datasets from `<out>/eval-data` once prepared."""
+    stage = stage_shards(scale, hub)
+    (out / "eval").mkdir(parents=True, exist_ok=True)
+    data = None if all(t in LOCAL_TASKS for t in stage.suite.tasks) else out / PREPARED_DIR
+    fingerprints = None if dry_run else {row: trained_fingerprint(out / "train" / row) for row in rows}
+    jobs_hub = [*hub, f"hub.prepared={data}"] if data else list(hub)
+    block = stage_block(scale, rows, out / "train", stage.shards, jobs_hub, fingerprints, row_evals)
+    plan = StagePlan(scale, list(rows), out, stage, fingerprints, data, block, dry_run)
+    if plan.untrained:
+        print(f"[lmk.sweep] eval stage: rows whose training did not finish (not evaluated; rerun the sweep to "
+              f"finish them): {', '.join(plan.untrained)}", file=sys.stderr)
+    return plan
+
+
+def prepare_stage(plan: StagePlan, run_block: Any) -> StagePrepared:
+    """Prepare the suite's hub datasets once, before the jobs (`python -m lmk.eval.prepared` in the scale's
+    environment, composing what the jobs compose); nothing for a suite of local tasks or without jobs."""
+    if plan.data is None:
+        return StagePrepared(plan, 0)
+    if plan.dry_run:
+        print(f"[lmk.sweep] eval stage: the suite's hub datasets are prepared once into {plan.data} before the jobs "
+              "launch; every job reads them (hub.prepared)", flush=True)
+        return StagePrepared(plan, 0)
+    if not plan.block.rows:
+        return StagePrepared(plan, 0)
+    cmd = [sys.executable, "-m", "lmk.eval.prepared", "--out", str(plan.data), *plan.stage.overrides]
+    code = run_block(cmd, plan.scale.env)
+    if code:  # the jobs of the tasks it could not prepare fail naming why; the others run
+        print(f"[lmk.sweep] eval stage: the eval data of some tasks was not prepared (exit {code}, see above); "
+              "their jobs will fail naming why, the others run", file=sys.stderr)
+    return StagePrepared(plan, code)
+
+
+def launch_stage(prepared: StagePrepared, sweep_command: Any, run_block: Any, group: str, force: bool
+                 ) -> StageLaunched:
+    """The jobs through the row sweeper (`sweep_command`, `run_block`: lmk.sweep.driver's); a dry run validates one
+    job per shard and writes the plan to `<out>/eval/jobs.json` instead."""
+    plan = prepared.plan
+    block, shards, eval_dir = plan.block, plan.stage.shards, plan.out / "eval"
+    if plan.dry_run:
         for job in block.jobs()[:len(shards)]:  # one job per shard validates its suite subset before launch
             EvalConfig.from_cfg(job.compose().eval)
         jobs = [{"row": j.row, "train_row": j.row.split(SEP)[0], "shard": j.row.split(SEP)[1],
                  "tasks": shards[j.row.split(SEP)[1]], "overrides": list(j.overrides)} for j in block.jobs()]
-        write_json(eval_dir / "jobs.json", {"suite": suite.name, "shards": shards, "jobs": jobs})
-        print(f"[lmk.sweep] eval stage: {len(jobs)} jobs ({len(rows)} rows x {len(shards)} shards: "
+        write_json(eval_dir / "jobs.json", {"suite": plan.stage.suite.name, "shards": shards, "jobs": jobs})
+        print(f"[lmk.sweep] eval stage: {len(jobs)} jobs ({len(plan.rows)} rows x {len(shards)} shards: "
               f"{', '.join(f'{s} ({len(t)} tasks)' for s, t in shards.items())}), one device each; "
               f"plan in {eval_dir / 'jobs.json'}", flush=True)
+        return StageLaunched(plan, 0)
+    if not block.rows:
+        return StageLaunched(plan, 0)
+    cmd = sweep_command(block, eval_dir, plan.scale, group, force, False)
+    return StageLaunched(plan, run_block(cmd, plan.scale.env))
+
+
+def merge_stage(launched: StageLaunched) -> int:
+    """Every row's finished shards merged into it (`merge`); 1 when a shard of a trained row is not done, a row
+    has no model or the launch failed, else 0. A dry run merges nothing."""
+    plan = launched.plan
+    if plan.dry_run:
         return 0
-    fingerprints = {row: trained_fingerprint(train_dir / row) for row in rows}
-    untrained = [row for row, fp in fingerprints.items() if fp is None]
-    if untrained:
-        print(f"[lmk.sweep] eval stage: rows whose training did not finish (not evaluated; rerun the sweep to "
-              f"finish them): {', '.join(untrained)}", file=sys.stderr)
-    block = eval_block(scale, rows, train_dir, hub, fingerprints, row_evals)
-    code = 0
-    if block.rows:
-        hub, code = prepared_data(scale, suite, out, hub, False, run_block)
-        if code:  # the jobs of the tasks it could not prepare fail naming why; the others run
-            print(f"[lmk.sweep] eval stage: the eval data of some tasks was not prepared (exit {code}, see above); "
-                  "their jobs will fail naming why, the others run", file=sys.stderr)
-        block = eval_block(scale, rows, train_dir, hub, fingerprints, row_evals)
-        cmd = sweep_command(block, eval_dir, scale, group, force, False)
-        code = run_block(cmd, scale.env)
-    report = merge(rows, train_dir, eval_dir, suite, shards)
+    report = merge(plan.rows, plan.out / "train", plan.out / "eval", plan.stage.suite, plan.stage.shards)
     failed = [f"{r}{SEP}{s}" for r, st in report.items() for s, v in st.items() if v != "done"]
     if failed:
         print(f"[lmk.sweep] eval stage: shards not done: {', '.join(failed)} (rerun: only they run)", file=sys.stderr)
-    return int(bool(code or failed or untrained))
+    return int(bool(launched.code or failed or plan.untrained))

@@ -147,9 +147,21 @@ def stage_overrides(scale: Scale, hub: Sequence[str] = ()) -> list[str]:
     return [*stage.get("overrides", []), *hub, *stage.get("launcher_overrides", [])]
 
 
-def stage_suite(scale: Scale, hub: Sequence[str] = ()) -> EvalConfig:
-    """The eval suite the scale's eval stage runs."""
-    return EvalConfig.from_cfg(compose_config("lmk.evaluate", stage_overrides(scale, hub)).eval)
+@dataclass(frozen=True)
+class StageSuite:
+    """What a scale's eval stage evaluates: the suite, its shards (`plan_shards`, per the stage's `shard_by`) and
+    the overrides every job of the stage shares (`stage_overrides`)."""
+
+    suite: EvalConfig
+    shards: dict[str, list[str]]
+    overrides: list[str]
+
+
+def stage_shards(scale: Scale, hub: Sequence[str] = ()) -> StageSuite:
+    """The scale's eval suite and its shards, composed once."""
+    overrides = stage_overrides(scale, hub)
+    suite = EvalConfig.from_cfg(compose_config("lmk.evaluate", overrides).eval)
+    return StageSuite(suite, plan_shards(suite, str(scale.eval_stage.get("shard_by", "group"))), overrides)
 
 
 def plan_shards(suite: EvalConfig, shard_by: str = "group") -> dict[str, list[str]]:
@@ -182,13 +194,20 @@ def shard_overrides(run: Path, tasks: Sequence[str], shard: str, row: str, finge
 def eval_block(scale: Scale, rows: Sequence[str], train_dir: Path, hub: Sequence[str] = (),
                fingerprints: Mapping[str, str | None] | None = None,
                row_evals: Mapping[str, Sequence[str]] | None = None) -> Block | None:
-    """The eval stage's jobs for trained rows `rows` (ids under `train_dir`, `<row>/seed<k>` with seeds); with
-    `fingerprints`, one entry per row (None: not trained yet, no job) tags each job with its model; `row_evals`
-    (row id -> its `eval.*` overrides, `Row.eval_overrides`) gives a row's jobs its own evaluation settings, such
-    as eval.scoring=maxsim."""
+    """The eval stage's jobs for trained rows `rows` (`stage_block` over the scale's shards); None for a scale
+    without an eval stage."""
     if not scale.eval_stage:
         return None
-    shards = plan_shards(stage_suite(scale, hub), str(scale.eval_stage.get("shard_by", "group")))
+    return stage_block(scale, rows, train_dir, stage_shards(scale, hub).shards, hub, fingerprints, row_evals)
+
+
+def stage_block(scale: Scale, rows: Sequence[str], train_dir: Path, shards: Mapping[str, Sequence[str]],
+                hub: Sequence[str] = (), fingerprints: Mapping[str, str | None] | None = None,
+                row_evals: Mapping[str, Sequence[str]] | None = None) -> Block:
+    """The eval stage's jobs, one per (trained row of `rows`, shard of `shards`): rows are ids under `train_dir`,
+    `<row>/seed<k>` with seeds; with `fingerprints`, one entry per row (None: not trained yet, no job) tags each job
+    with its model; `row_evals` (row id -> its `eval.*` overrides, `Row.eval_overrides`) gives a row's jobs its own
+    evaluation settings, such as eval.scoring=maxsim."""
     jobs: dict[str, list[str]] = {}
     for row in rows:
         fp = (fingerprints or {}).get(row)
