@@ -4,7 +4,8 @@ code to (tests/fixtures/config_hashes.json, written by this file run as a script
 One record per composition (the root config and its overrides): the run's config hash (lmk.run.results.config_hash_of),
 the composed content itself (every key, interpolations unresolved: what a `key=value` override without `+` needs to
 find) and the descriptions the model and data fingerprints read (EncoderConfig / PoolingConfig / SourceConfig
-`to_dict`, the validated eval suite).
+`to_dict`, the validated eval suite). An option at its hash-neutral default counts as absent, so a later option
+added to a group's _base leaves every record as it was.
 
     PYTHONPATH=<checkout> python tests/config_records.py <checkout>/conf tests/fixtures/config_hashes.json
 """
@@ -23,7 +24,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from lmk.config import DataConfig, EncoderConfig, EvalConfig, PoolingConfig
-from lmk.run.results import config_hash_of
+from lmk.run.results import HASH_NEUTRAL_DEFAULTS, config_hash_of
 
 # overrides users type, without and with `+`: each must keep composing, to the hash it had
 OVERRIDES = {
@@ -67,13 +68,24 @@ def _digest(value: Any) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+def _settled(group: str, values: dict[str, Any]) -> dict[str, Any]:
+    """A group's values less the options at a hash-neutral default: an option added later (in the group's _base,
+    so in every composition) at a value that changes nothing."""
+    return {k: v for k, v in values.items() if HASH_NEUTRAL_DEFAULTS.get(f"{group}.{k}", object()) != v}
+
+
+def _content(cfg: Any) -> dict[str, Any]:
+    content = OmegaConf.to_container(cfg, resolve=False)
+    return {k: _settled(k, v) if isinstance(v, dict) else v for k, v in content.items()}
+
+
 def record(root: str, overrides: list[str]) -> dict[str, str]:
     """The record of one composition (inside `initialize_config_dir` of the conf folder)."""
     cfg = compose(config_name=root, overrides=overrides)
-    out = {"config_hash": config_hash_of(cfg), "content": _digest(OmegaConf.to_container(cfg, resolve=False))}
+    out = {"config_hash": config_hash_of(cfg), "content": _digest(_content(cfg))}
     out["encoder"] = _digest(EncoderConfig.coerce(cfg.encoder).to_dict())
     out["pooling"] = _digest(PoolingConfig.coerce(cfg.pooling).to_dict())
-    out["eval"] = _digest(dataclasses.asdict(EvalConfig.coerce(cfg.eval)))
+    out["eval"] = _digest(_settled("eval", dataclasses.asdict(EvalConfig.coerce(cfg.eval))))
     if "data" in cfg:
         out["sources"] = _digest([s.to_dict() for s in DataConfig.coerce(cfg.data).sources])
     return out
