@@ -5,14 +5,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from lmk.config import group_options as config_group_options
 from lmk.config import registry
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 
 
 def group_options(group: str) -> tuple[str, ...]:
-    """The options of a config group (conf/<group>/*.yaml)."""
-    return tuple(sorted(p.stem for p in (CONF / group).glob("*.yaml")))
+    """The options of a config group (conf/<group>/*.yaml, less the `_base` files they extend)."""
+    return tuple(config_group_options(group, CONF))
 
 
 POOLING_CONFIGS = group_options("pooling")  # every table row's pooling (conf/pooling)

@@ -10,7 +10,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException, MissingConfigException
 
-from lmk.config import ConfigError, RootConfig, TrainSection
+from lmk.config import ConfigError, RootConfig, TrainSection, group_options
 from lmk.config.schema import Coercible, above, at_least
 from lmk.train.trainer_args import validate_training
 
@@ -29,7 +29,7 @@ def test_default_config_validates():
     assert typed.trainer.accelerator == "cpu" and typed.logger.name == "csv" and typed.seed == 0
 
 
-@pytest.mark.parametrize("experiment", sorted(p.stem for p in (Path(CONF) / "experiment").glob("*.yaml")))
+@pytest.mark.parametrize("experiment", group_options("experiment", Path(CONF)))
 def test_every_experiment_composes_and_validates(experiment):
     validate_training(_compose(f"experiment={experiment}", "++row=test-row"))
 
@@ -40,7 +40,7 @@ PAIRED = {("launcher", "submitit_slurm"): ["trainer=ddp-multinode"]}
 
 @pytest.mark.parametrize("group", ["trainer", "logger", "launcher", "pooling", "encoder"])
 def test_every_group_option_validates(group):
-    for option in sorted(p.stem for p in (Path(CONF) / group).glob("*.yaml")):
+    for option in group_options(group, Path(CONF)):
         validate_training(_compose(f"{group}={option}", *PAIRED.get((group, option), [])))
 
 

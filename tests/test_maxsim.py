@@ -169,7 +169,8 @@ def test_scoring_settings_are_validated_and_hash_only_when_not_default() -> None
         cfg(scoring="late")
     with pytest.raises(EvalConfigError, match="eval.maxsim_query='words'"):
         cfg(maxsim_query="words")
-    local = OmegaConf.load(CONF / "eval" / "local.yaml")
+    local = OmegaConf.to_container(_compose(["eval=local"]).eval)  # composed: the settings from conf/eval/_base.yaml
+    assert {"scoring", "maxsim_query", "maxsim_block_mb"} <= set(local)
     before = OmegaConf.create({"eval": {k: v for k, v in local.items()
                                         if k not in ("scoring", "maxsim_query", "maxsim_block_mb")}})
     # a run composed before these settings existed keeps its hash; a MaxSim run gets its own

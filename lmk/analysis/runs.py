@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from omegaconf import OmegaConf
 
-from lmk.config import CONF_DIR
+from lmk.config import CONF_DIR, group_options
 from lmk.config.paths import in_repo
 from lmk.model.embedding import EmbeddingModel
 from lmk.model.loading import load_model
@@ -33,7 +33,7 @@ def _conf_dir(conf_dir: str | Path | None) -> Path:
 def _load_cfg(conf: Path, group: str, name: str) -> Any:
     path = conf / group / f"{name}.yaml"
     if not path.is_file():
-        avail = sorted(p.stem for p in (conf / group).glob("*.yaml"))
+        avail = group_options(group, conf)
         raise ValueError(
             f"unknown {group} {name!r}; allowed: {', '.join(avail) or '(none found in ' + str(conf) + ')'}"
         )

@@ -5,7 +5,8 @@ package's plain-Python names): a typo in a key or a value fails in about a secon
 allowed. The trainer section is Lightning's Trainer signature: its check is passed in (lmk.train.trainer_args).
 
     schema.py   ConfigError, build_section / Coercible (typed dataclasses from mappings), call_arguments (a
-                section checked against a callable's signature), get_key, plain
+                section checked against a callable's signature), hash_neutral (an option that keeps old hashes
+                at its default), get_key, plain
     root.py     the root config (train / trainer / logger / launcher / hub sections), validate(cfg, trainer check),
                 seeds
     model.py    EncoderConfig, PoolingConfig (groups encoder/, pooling/)
@@ -38,6 +39,8 @@ from lmk.config.root import (
     TrainSection,
     derive_seeds,
     effective_batch,
+    group_options,
+    hash_neutral_keys,
     validate,
 )
 from lmk.config.schema import (
@@ -49,17 +52,19 @@ from lmk.config.schema import (
     call_arguments,
     choice,
     get_key,
+    hash_neutral,
     is_user_error,
+    neutral_defaults,
     plain,
     to_container,
 )
 
 __all__ = [
-    "CKPT_AUTO", "CKPT_FRESH", "CONF_DIR", "LENGTHS", "RULER_DEPTHS", "RULER_ESSAYS_REPO",
-    "RULER_HAYSTACKS", "RULER_VARIANTS", "LOCAL_SOURCE", "REPLICA_PREFIX", "Coercible",
-    "ConfigError", "DataConfig", "EncoderConfig", "EvalConfig", "EvalConfigError", "PoolingConfig",
-    "RootConfig", "SourceConfig", "TrainSection", "UserError", "above", "at_least", "call_arguments",
-    "check_device", "check_lora", "check_precision", "choice", "derive_seeds", "effective_batch", "get_key", "in_repo",
-    "is_named_source", "is_user_error", "koehn_languages", "no_landmarks_message", "plain", "registry", "repo_root", "to_container",
-    "validate", "validate_splitter",
+    "CKPT_AUTO", "CKPT_FRESH", "CONF_DIR", "LENGTHS", "RULER_DEPTHS", "RULER_ESSAYS_REPO", "RULER_HAYSTACKS",
+    "RULER_VARIANTS", "LOCAL_SOURCE", "REPLICA_PREFIX", "Coercible", "ConfigError", "DataConfig", "EncoderConfig",
+    "EvalConfig", "EvalConfigError", "PoolingConfig", "RootConfig", "SourceConfig", "TrainSection", "UserError",
+    "above", "at_least", "call_arguments", "check_device", "check_lora", "check_precision", "choice",
+    "derive_seeds", "effective_batch", "get_key", "group_options", "hash_neutral", "hash_neutral_keys", "in_repo",
+    "is_named_source", "is_user_error", "koehn_languages", "neutral_defaults", "no_landmarks_message", "plain",
+    "registry", "repo_root", "to_container", "validate", "validate_splitter",
 ]

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from lmk.config.schema import Coercible, ConfigError, above, at_least, plain
+from lmk.config.schema import Coercible, ConfigError, above, at_least, hash_neutral, plain
 
 # Named sources: a name that resolves to a BGE-format folder built on first use (lmk.data.pairs.resolve_source).
 # "local" is the offline default training set (lmk.data.offline_pairs); "replica:<name>" a local replica of a
@@ -54,14 +54,7 @@ class SourceConfig(Coercible):
     data_files: Any = None
     subset: str | None = None
     revision: str | None = None
-    query_prompt: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        """The fields, `query_prompt` left out where unset (a source without one keeps its description)."""
-        out = super().to_dict()
-        if out["query_prompt"] is None:
-            del out["query_prompt"]
-        return out
+    query_prompt: str | None = hash_neutral(None, config_hash=False)  # (unset, a source keeps its data fingerprint)
 
     def __post_init__(self) -> None:
         if self.query_prompt is not None and not isinstance(self.query_prompt, str):

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
 from lmk.config.device import check_device, check_precision
-from lmk.config.schema import Coercible, ConfigError, at_least, plain
+from lmk.config.schema import Coercible, ConfigError, at_least, hash_neutral, plain
 
 # The LongEmbed lengths (in "tokens" = words / 0.75) the synthetic tasks are regenerated at (lmk.data.longembed).
 LENGTHS: tuple[int, ...] = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
@@ -100,11 +100,12 @@ class EvalConfig(Coercible):
     # single: one vector per text (the pooler's), cosine. maxsim: a document is its landmark states (the positions
     # the lmk pooler averages, L2-normalised each), a query its landmark states (maxsim_query=landmarks) or all its
     # token states (tokens); score = sum over query vectors of the max over document vectors (needs pooler lmk).
-    scoring: str = "single"
-    maxsim_query: str = "landmarks"
+    # (added after runs were hashed: hash-neutral at their defaults)
+    scoring: str = hash_neutral("single")
+    maxsim_query: str = hash_neutral("landmarks")
     # MiB of working memory one MaxSim block may take (similarities + the block's vectors); the scores do not depend
     # on it (exact search)
-    maxsim_block_mb: int = at_least(1, 256)
+    maxsim_block_mb: int = hash_neutral(256, ge=1)
     # What the training job itself evaluates (the eval callback): "all" the suite, "none" (the sweep's eval
     # stage evaluates the trained model as separate jobs, lmk.sweep.eval_stage), or a list of group names (a small
     # dev subset).

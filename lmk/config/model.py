@@ -15,7 +15,7 @@ from importlib import resources
 from typing import Any, ClassVar
 
 from lmk.config import registry
-from lmk.config.schema import Coercible, ConfigError, at_least, plain
+from lmk.config.schema import Coercible, ConfigError, at_least, hash_neutral, plain
 
 # Sentence splitters of the `sentence` strategy, as their implementation declares them (lmk.model.landmark.names)
 DEFAULT_LANGUAGE, SPLITTERS, DEFAULT_SPLITTER = registry.DEFAULT_LANGUAGE, registry.SPLITTERS, registry.DEFAULT_SPLITTER
@@ -120,20 +120,12 @@ class EncoderConfig(Coercible):
     rope: bool = True
     # the tokenizer's padding side (right | left); null: the tokenizer's own. Either gives the same embeddings:
     # positions come from the attention mask (lmk.model.landmark.backbone_inputs)
-    padding_side: str | None = None
+    # (the decoder options came after encoders were described: unset, an encoder keeps its model fingerprint)
+    padding_side: str | None = hash_neutral(None, config_hash=False)
     # LoRA adapters (peft) on a frozen backbone: {r, alpha, dropout, target_modules}, missing keys take the authors'
     # values (LORA_DEFAULTS); null: the whole backbone trains
-    lora: dict[str, Any] | None = None
+    lora: dict[str, Any] | None = hash_neutral(None, config_hash=False)
     _target_: str | None = None  # accepted from configs written before (they named this dataclass); unused
-
-    def to_dict(self) -> dict[str, Any]:
-        """The fields, the decoder options left out where unset, so an encoder that does not use them keeps the
-        description (and model fingerprint) it had before they existed."""
-        out = super().to_dict()
-        for key in ("padding_side", "lora"):
-            if out[key] is None:
-                del out[key]
-        return out
 
     def __post_init__(self) -> None:
         self.config_overrides = dict(plain(self.config_overrides) or {})
@@ -196,15 +188,8 @@ class PoolingConfig(Coercible):
     max_sentence_tokens: int | None = at_least(1, None)  # null: never cut a sentence
     # where the landmarks of fixed / variable go: after each chunk and after the last one (lmk's), or before each
     # chunk and none after the last (`authors`: their decoder code; docs/method.md)
-    placement: str = "after"
+    placement: str = hash_neutral("after", config_hash=False)  # (a row that does not use it keeps its description)
     _target_: str | None = None  # accepted from configs written before (they named this dataclass); unused
-
-    def to_dict(self) -> dict[str, Any]:
-        """The fields, `placement` left out at its default (a row that does not use it keeps its description)."""
-        out = super().to_dict()
-        if out["placement"] == "after":
-            del out["placement"]
-        return out
 
     def __post_init__(self) -> None:
         self.pooler_kwargs = dict(plain(self.pooler_kwargs) or {})

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, ClassVar, Literal
 
@@ -29,6 +30,7 @@ from lmk.config.schema import (
     build_section,
     check_bound,
     get_key,
+    neutral_defaults,
     to_container,
 )
 
@@ -40,6 +42,13 @@ CKPT_FRESH = (None, "", "null", "none")
 # The Hydra config groups (conf/): every module that composes a config outside Hydra's own entry points.
 # Outside a checkout (a wheel) there is none: Hydra then names the missing folder when a command composes.
 CONF_DIR = (repo_root() or PACKAGE_DIR.parent) / "conf"
+
+
+def group_options(group: str, conf_dir: Path | None = None) -> list[str]:
+    """The options of a config group (conf/<group>/<option>.yaml), sorted; a `_`-prefixed file (`_base`) is what
+    the options extend, not one of them."""
+    folder = (CONF_DIR if conf_dir is None else Path(conf_dir)) / group
+    return sorted(p.stem for p in folder.glob("*.yaml") if not p.stem.startswith("_"))
 
 
 # ---- sections owned here -----------------------------------------------------------------------
@@ -180,6 +189,13 @@ class RootConfig(Coercible):
 # ---- the groups -------------------------------------------------------------------------------
 GROUP_SCHEMAS: dict[str, type] = {"encoder": EncoderConfig, "pooling": PoolingConfig, "data": DataConfig,
                                   "eval": EvalConfig}
+
+
+def hash_neutral_keys() -> dict[str, Any]:
+    """{"<group>.<key>": default}: the group schemas' `hash_neutral` keys that a run's config hash leaves out while
+    they hold their default (lmk.run.results.config_hash_of), read from the fields' own declarations."""
+    return {f"{group}.{name}": default for group, cls in GROUP_SCHEMAS.items()
+            for name, default in neutral_defaults(cls, config_hash=True).items()}
 
 
 def build_group(path: str, node: Any) -> Any:

@@ -1,7 +1,8 @@
 """The machinery every config schema shares (torch-free): `ConfigError`, typed building of a dataclass from a
 mapping with unknown keys rejected by name (`build_section`, `Coercible.coerce`): types by OmegaConf's
 structured-config validation, choices from `Literal` annotations, bounds from field metadata (`at_least`,
-`above`); and plain containers from OmegaConf nodes. A typo fails here, before any compute, naming the key, the
+`above`); options that keep old hashes at their default (`hash_neutral`, read by `to_dict` and the run's config
+hash); and plain containers from OmegaConf nodes. A typo fails here, before any compute, naming the key, the
 value and what is allowed, in one line."""
 
 from __future__ import annotations
@@ -96,6 +97,38 @@ def check_bound(key: str, value: Any, hint: Any, ge: float | None = None, gt: fl
     if bad:
         null = " or null" if type(None) in args else ""
         raise ConfigError(f"{key}={value!r} is not valid; allowed values: {what} {bound}{null}")
+
+
+# ---- hash-neutral options: declared on the field, read by `to_dict` and by the run's config hash -------------
+HASH_NEUTRAL = "hash_neutral"  # field metadata: "everywhere" | "description" (see hash_neutral)
+
+
+def hash_neutral(default: Any = dataclasses.MISSING, *, config_hash: bool = True, ge: float | None = None,
+                 **kwargs: Any) -> Any:
+    """A dataclass field added after models and runs were hashed, whose default computes what they computed: while
+    it holds its default it is left out of the schema's description (`Coercible.to_dict`: the model and data
+    fingerprints) and of a run's config hash (lmk.run.results.config_hash_of), so everything hashed before it
+    existed keeps its hash; any other value is hashed. `config_hash=False`: the description only, for a key the
+    config hash has always hashed as written (conf/encoder/tiny-decoder.yaml's `lora: null`). `ge`: as `at_least`."""
+    metadata = {HASH_NEUTRAL: "everywhere" if config_hash else "description", **({"ge": ge} if ge is not None else {})}
+    return dataclasses.field(default=default, metadata=metadata, **kwargs)
+
+
+def neutral_defaults(cls: type, *, config_hash: bool = False) -> dict[str, Any]:
+    """{field: default} of dataclass `cls`'s `hash_neutral` fields; `config_hash=True`: those a run's config hash
+    leaves out at their default too."""
+    out = {}
+    for f in dataclasses.fields(cls):
+        scope = f.metadata.get(HASH_NEUTRAL)
+        if scope == "everywhere" or (scope == "description" and not config_hash):
+            out[f.name] = f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[misc]
+    return out
+
+
+def without_neutral(cls: type, values: Mapping[str, Any]) -> dict[str, Any]:
+    """`values` (keys of dataclass `cls`) less its `hash_neutral` keys that hold their default: its description."""
+    neutral = neutral_defaults(cls)
+    return {k: v for k, v in values.items() if not (k in neutral and v == neutral[k])}
 
 
 @functools.cache
@@ -289,6 +322,19 @@ def get_key(node: Any, key: str, default: Any = None) -> Any:
     return getattr(node, key, default)
 
 
+def without_base(cfg: dict[str, Any], path: str) -> dict[str, Any]:
+    """A group file read as it is, not composed by Hydra (`OmegaConf.load(conf/pooling/cls.yaml)`): a defaults list
+    of `_`-prefixed bases only (`_base`, `_encode`: the schema's own defaults, tests/test_config_defaults.py holds
+    them equal) stands for those defaults; one that names another option (decoder-mini's `table2-mini`) needs Hydra."""
+    if "defaults" not in cfg:
+        return cfg
+    others = [d for d in cfg["defaults"] or [] if not (isinstance(d, str) and d.startswith("_"))]
+    if others:
+        raise ConfigError(f"{path}: its defaults list names {others}, which only Hydra merges; compose the config "
+                          "(hydra.compose, or the command line) instead of reading the file as it is")
+    return {k: v for k, v in cfg.items() if k != "defaults"}
+
+
 class Coercible:
     """Mixin for the group schemas: `coerce(x)` (through `build_section`) and `to_dict()`."""
 
@@ -311,7 +357,7 @@ class Coercible:
         path = cls.section if path is None else path
         if not isinstance(cfg, dict):
             raise cls._error(f"{path}: expected a mapping (dataclass, DictConfig or dict), got {type(cfg).__name__}")
-        return build_section(cls, cfg, path)
+        return build_section(cls, without_base(cfg, path), path)
 
     def __post_init__(self) -> None:
         self.check_fields()
@@ -324,4 +370,5 @@ class Coercible:
             raise err if isinstance(err, self._error) else self._error(str(err)) from None
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)  # type: ignore[call-overload]
+        """The fields, less the `hash_neutral` ones at their default (what was described before they existed)."""
+        return without_neutral(type(self), dataclasses.asdict(self))  # type: ignore[call-overload]

@@ -231,7 +231,7 @@ def _in_datasets_cache(art: Artifact) -> Path | None:
         return None  # an mteb task without a config reads several (corpus, queries, qrels): the manifest decides
     # fast path: `datasets` (a second or more) loads where a cache is looked into, not when a config is checked
     import datasets
-    from datasets.naming import camelcase_to_snakecase
+    from datasets.naming import camelcase_to_snakecase  # (the same reason)
 
     base = Path(datasets.config.HF_DATASETS_CACHE)
     owner, name = art.repo_id.split("/")

@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from lmk.config.eval import EvalConfig
+from lmk.config import hash_neutral_keys
 from lmk.run.cpu_kernels import in_use as cpu_kernels_in_use
 from lmk.run.environment import environment_info
 from lmk.run.umask_files import write_json
@@ -223,8 +223,8 @@ HASH_IGNORED_KEYS = (*HASH_LOCATION_KEYS, "logger", "launcher", "hub", "overwrit
                      "eval.workers", "eval.prefetch")
 # Settings added after runs were hashed, at the value that computes what those runs computed: left out of the hash
 # while they hold it, so finished runs keep their hash (and a sweep does not recompute them); any other value hashes.
-HASH_NEUTRAL_DEFAULTS: dict[str, Any] = {f"eval.{f.name}": f.default for f in fields(EvalConfig)
-                                         if f.name in ("scoring", "maxsim_query", "maxsim_block_mb")}
+# Each is declared where it is defined (lmk.config.schema.hash_neutral on its schema field), never listed here.
+HASH_NEUTRAL_DEFAULTS: dict[str, Any] = hash_neutral_keys()
 # The status a finished run records; the sweeper skips rows whose results say this.
 STATUS_DONE = "done"
 

@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 from lmk.config import CONF_DIR, UserError
+from lmk.config import group_options as config_group_options
 from lmk.run.cpu_kernels import switches
 
 CONTEXTS = ("short", "long")
@@ -129,7 +130,7 @@ def _closest(name: str, options: list[str]) -> str:
 
 
 def group_options(conf_dir: Path, group: str) -> list[str]:
-    return sorted(p.stem for p in (conf_dir / group).glob("*.yaml"))
+    return config_group_options(group, conf_dir)
 
 
 def _kernel_env(path: str | Path, name: Any) -> dict[str, str]:
