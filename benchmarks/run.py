@@ -29,6 +29,7 @@ SECTIONS: dict[str, str] = {
     "long_inputs": "benchmarks.bench_long_inputs",
     "roofline": "benchmarks.bench_roofline",
     "gpu": "benchmarks.bench_gpu",
+    "refusal": "benchmarks.bench_refusal",
 }
 REPORT_JSON, REPORT_MD = "bench.json", "bench.md"
 SCHEMA_VERSION = 2  # 2: figures carry "verdict" and "ci"

@@ -172,6 +172,18 @@ def test_gpu_section_skipped_without_cuda(report):
 
 
 # ------------------------------------------------------------------------------------------ report
+def test_refusal_section_times_each_refused_setting(report):
+    """Each wrong setting was refused in one line (the section raises otherwise) and timed beside the peer that
+    needs Lightning's signature; its sample is the time over the 2 s goal."""
+    from benchmarks.bench_refusal import GOAL_S, SETTINGS
+
+    figs = {f["name"]: f for f in report["figures"] if f["section"] == "refusal"}
+    assert set(figs) == {f"refused: {name}" for name in SETTINGS}
+    for fig in figs.values():
+        assert fig["status"] == "ok" and fig["ours"] > 0 and fig["peer"] > 0
+        assert fig["details"]["ratio_samples"] == [t / GOAL_S for t in fig["details"]["times_s"]]
+
+
 def test_report_structure(report, tmp_path):
     assert report["size"] == "tiny" and set(report["sections"]) == set(SECTIONS)
     assert all(s["status"] == "ok" for s in report["sections"].values()), report["sections"]

@@ -263,3 +263,58 @@ def test_a_bool_is_not_a_count_and_null_only_where_allowed():
         validate_training(_compose("train.lr=null"))
     with pytest.raises(ConfigError, match=r"^encoder\.rope='no' is not valid; allowed values: true, false$"):
         validate_training(_compose("encoder.rope='no'"))  # no word read as a bool
+
+
+# A fresh interpreter: does validating a job refuse these settings before Lightning (and mteb) load?
+_REFUSES_LIGHT = """
+import sys
+from hydra import compose, initialize_config_dir
+from lmk.config import ConfigError
+from lmk.train.command import validate_job
+with initialize_config_dir(config_dir=sys.argv[1], version_base="1.3"):
+    cfg = compose("train", overrides=["run_dir=/tmp/lmk-test-run", *sys.argv[2:]])
+try:
+    validate_job(cfg, in_job=True)
+except ConfigError as err:
+    print("refused:", str(err).splitlines()[0])
+print("loaded:", sorted(m for m in ("lightning", "mteb", "torch") if m in sys.modules))
+"""
+
+
+@pytest.mark.parametrize("overrides, says", [
+    (["data.streaming=true", "trainer.max_steps=-1", "+trainer.max_epochs=1"], "data.streaming=true"),
+    (["eval=none", "train.monitor=eval/group/local-short"], "train.monitor="),
+    (["eval=local", "eval.tasks=[LocalShrt]"], "LocalShrt"),
+    (["train.grad_cache=true", "+trainer.accumulate_grad_batches=2"], "grad_cache"),
+])
+def test_a_rule_refuses_before_lightning_loads(overrides, says, tmp_path):
+    """A wrong setting that needs no Trainer signature is refused with Lightning, mteb and torch never imported (the
+    README's "a typo fails in a second"); mteb's task names come from the cache a first check leaves."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "LMK_CACHE": str(tmp_path), "HF_HUB_OFFLINE": "1"}
+    runs = [subprocess.run([sys.executable, "-c", _REFUSES_LIGHT, CONF, *overrides], env=env, capture_output=True,
+                           text=True, timeout=300) for _ in range(2)]  # the first fills the task-name cache
+    out = runs[1].stdout
+    assert runs[1].returncode == 0 and "refused: " in out and says in out, runs[1].stdout + runs[1].stderr[-2000:]
+    assert "loaded: []" in out, out
+
+
+def test_a_signature_error_still_names_the_trainer_key():
+    with pytest.raises(ConfigError, match="trainer.precision"):
+        validate_training(_compose("trainer.precision=bogus"))
+
+
+def test_the_rules_read_lightnings_own_defaults():
+    """The defaults the rules use before Lightning loads are the Trainer signature's (a drift would let a rule read
+    another value than the Trainer gets)."""
+    import inspect
+
+    from lightning.pytorch import Trainer
+
+    from lmk.config.root import RULES_READ_DEFAULTS
+
+    params = inspect.signature(Trainer).parameters
+    assert {k: params[k].default for k in RULES_READ_DEFAULTS} == RULES_READ_DEFAULTS

@@ -131,3 +131,45 @@ def test_none_suite_gives_no_callback(tmp_path: Path) -> None:
 def test_task_subset_drops_groups_without_tasks() -> None:
     cfg = EvalConfig(tasks=["LocalShort"], groups={"short": ["LocalShort"], "long": ["LocalPasskey", "LocalNeedle"]})
     assert cfg.groups == {"short": ["LocalShort"]}
+
+
+def test_local_task_names_are_declared_before_mteb_loads_and_each_has_its_class():
+    """lmk.config.eval.LOCAL_TASK_NAMES (torch- and mteb-free: config checks read it) is exactly the registered
+    @local_task classes, in order; a class whose name is not declared is refused at registration."""
+    from lmk.config.eval import LOCAL_TASK_NAMES
+    from lmk.eval.tasks import LOCAL_TASKS, LocalShort, local_task
+
+    assert LOCAL_TASKS == LOCAL_TASK_NAMES
+
+    class Undeclared(LocalShort):
+        metadata = LocalShort.metadata.model_copy(update={"name": "LocalUndeclared"})
+
+    with pytest.raises(ValueError, match="'LocalUndeclared'.*add its name to lmk.config.eval.LOCAL_TASK_NAMES"):
+        local_task(Undeclared)
+
+
+_NAMES_WITHOUT_MTEB = """
+import json, sys
+from lmk.hub.task_registry import hub_task_names
+names = hub_task_names()
+print(json.dumps({"n": len(names), "has": "ArguAna" in names, "mteb": "mteb" in sys.modules}))
+"""
+
+
+def test_mteb_task_names_are_read_from_the_cache_without_loading_mteb(tmp_path):
+    """The first check loads mteb's registry and keeps its names in lmk's cache (per mteb version); the next
+    process reads them from there and never imports mteb, with the same names."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "LMK_CACHE": str(tmp_path)}
+    runs = [json.loads(subprocess.run([sys.executable, "-c", _NAMES_WITHOUT_MTEB], env=env, capture_output=True,
+                                      text=True, timeout=300, check=True).stdout) for _ in range(2)]
+    assert runs[0]["mteb"] and not runs[1]["mteb"]
+    assert runs[0]["n"] == runs[1]["n"] > 100 and runs[1]["has"]
+    (cached,) = (tmp_path / "mteb-task-names").glob("*.json")
+    from importlib.metadata import version
+
+    assert cached.name == f"{version('mteb')}.json"

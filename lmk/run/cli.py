@@ -78,6 +78,15 @@ def _multirun() -> bool:
         return False
 
 
+def _row_sweep_job() -> bool:
+    """A job of the row sweeper (a table's sweep), which prints one line per row: its output goes to its log file.
+    A plain `-m` sweep's jobs print on the console as a single run does, one after another."""
+    try:
+        return "lmk_row_sweeper" in str(HydraConfig.get().sweeper.get("_target_", ""))
+    except ValueError:  # not under Hydra
+        return False
+
+
 def group_overridden(group: str) -> bool:
     """Whether the running Hydra job's command line set `group` (e.g. `pooling=` to cross-pool a trained model);
     False outside Hydra (tests call the commands' functions directly)."""
@@ -89,7 +98,7 @@ def group_overridden(group: str) -> bool:
 
 
 def hydra_task(task: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    """Wrap a Hydra task function (under `@hydra.main`). In a multirun (a sweep's job) the job's own output goes to
+    """Wrap a Hydra task function (under `@hydra.main`). In a row sweep (a table's job) the job's own output goes to
     its log file (`lmk.run.console.job_output`: the row sweeper prints its lines). A user error of a single run is
     kept for `run_app` to report after Hydra closed the run (no banner, no trace); in a multirun it fails the job
     as usual, and the row sweeper prints its line."""
@@ -99,7 +108,7 @@ def hydra_task(task: Callable[[Any], Any]) -> Callable[[Any], Any]:
         _TASKS_STARTED.append(True)
         multirun = _multirun()
         try:
-            with job_output(job_log_file() if multirun else None):
+            with job_output(job_log_file() if multirun and _row_sweep_job() else None):
                 return task(cfg)
         except Exception as err:
             _to_log_files(err)  # the job's log file keeps every error with its traceback
