@@ -113,34 +113,36 @@ def test_the_checkpoint_says_whether_it_ends_an_epoch(tmp_path):
         assert ckpt["callbacks"]["ExactResume"]["epoch_end"] is at_end, steps
 
 
-@pytest.mark.slow  # three 2-rank submitit jobs and a rerun: about 3 min on 2 quiet cores
-@pytest.mark.timeout(1200)
-def test_ddp_rank_killed_after_an_epoch_end_checkpoint_resumes_as_uninterrupted(tmp_path):
+@pytest.mark.slow  # three 2-rank submitit jobs, then two resumed: about 4 min on 2 quiet cores
+@pytest.mark.timeout(1500)
+def test_ddp_ranks_killed_mid_epoch_and_after_an_epoch_end_resume_as_uninterrupted(tmp_path):
     """Two DDP ranks (submitit's local executor), dropout on, 24 pairs / (2 ranks x batch 4) = 3 steps an epoch:
-    rank 1 of row `victim` is SIGKILLed once the checkpoint of step 3 (the epoch's last batch) is written; the same
-    command again resumes it there, and it logs the losses and ends with the weights of row `ref`, the same
-    config never interrupted."""
+    rank 1 of row `mid` is SIGKILLed once step 2's checkpoint is written (mid-epoch), rank 1 of row `end` once step
+    3's (the epoch's last batch); the same command again resumes both, and each logs the losses and ends with the
+    weights of row `ref`, the same config never interrupted (every rank restores its own RNG states)."""
     from test_sweep_faults import _row_sweep
 
     from lmk.run import faults
 
     pairs = write_pairs(tmp_path / "pairs.jsonl")
     plan = tmp_path / "plan.yaml"
-    plan.write_text("faults:\n  - {kind: kill, row: victim, rank: 1, step: 3}\n")
+    plan.write_text("faults:\n  - {kind: kill, row: mid, rank: 1, step: 2}\n  - {kind: kill, row: end, rank: 1, step: 3}\n")
     env = {**ENV, faults.ENV_PLAN: str(plan), faults.ENV_STATE: str(tmp_path / "state")}
-    out, rows = tmp_path / "sweep", {"ref": ["pooling=lmk-variable"], "victim": ["pooling=lmk-variable"]}
+    out = tmp_path / "sweep"
+    rows = {"ref": ["pooling=lmk-variable"], "mid": ["pooling=lmk-variable"], "end": ["pooling=lmk-variable"]}
     args = ("launcher=submitit_local", "trainer=ddp-cpu", "launcher.tasks_per_node=2", "trainer.max_steps=7",
             "train.checkpoint_every_n_steps=1", "trainer.log_every_n_steps=1", "eval.in_training=none",
             f"data.sources=[{{path:'{pairs}'}}]", "data.max_rows=null", "seed=5",
             "+encoder.config_overrides.embedding_dropout=0.1")
     first = _row_sweep(out, rows, *args, env=env)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
-    assert results(out / "victim")["status"] == "failed" and results(out / "ref")["status"] == "done"
-    again = _row_sweep(out, rows, *args, env=env)  # the same command: the fault fired once
+    assert [results(out / r)["status"] for r in ("ref", "mid", "end")] == ["done", "failed", "failed"]
+    again = _row_sweep(out, rows, *args, env=env)  # the same command: each fault fired once
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
-    res = results(out / "victim")
-    assert res["status"] == "done" and res["resume"]["step"] == 3 and res["timings"]["fit_steps"] == 4
-    assert [s for s, _ in losses(out / "victim")] == list(range(7))
-    assert losses(out / "victim") == losses(out / "ref")
-    a, b = final_weights(out / "ref"), final_weights(out / "victim")
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    for row, at in (("mid", 2), ("end", 3)):
+        res = results(out / row)
+        assert res["status"] == "done" and res["resume"]["step"] == at and res["timings"]["fit_steps"] == 7 - at
+        assert [s for s, _ in losses(out / row)] == list(range(7))
+        assert losses(out / row) == losses(out / "ref"), row
+        a, b = final_weights(out / "ref"), final_weights(out / row)
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), row

@@ -10,7 +10,7 @@ What makes it exact, and where:
   taken after its epoch's draw, and its states go back just before the first resumed batch (after the
   resumed run's iterator drew); a checkpoint taken at an epoch's last batch was taken before the next
   epoch's draw, and its states go back as the checkpoint loads, so the resumed run's first iterator draws
-  what the uninterrupted run's next epoch drew;
+  what the uninterrupted run's next epoch drew. Under DDP each rank's states are kept and each rank gets its own;
 - metrics.csv: rows the killed run logged after its last checkpoint are dropped, so each step is
   logged once;
 - W&B: the run id is kept in `<run_dir>/wandb_run_id`; a resumed run continues it (`resume="allow"`).
@@ -90,6 +90,31 @@ def _set_rng_states(states: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(states["cuda"])
 
 
+def _world() -> tuple[int, int]:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return 0, 1
+
+
+def _every_ranks_states() -> list[dict[str, Any]] | None:
+    """Each rank's RNG states, gathered (every rank saves a checkpoint's state together; rank 0 writes it): under
+    DDP the ranks' generators differ, and a rank resumed with rank 0's draws other dropout masks."""
+    _, world = _world()
+    if world == 1:
+        return None
+    gathered: list[Any] = [None] * world
+    torch.distributed.all_gather_object(gathered, _rng_states())
+    return gathered
+
+
+def _this_ranks_states(state_dict: dict[str, Any]) -> dict[str, Any] | None:
+    by_rank = state_dict.get("rng_by_rank")
+    rank, world = _world()
+    if by_rank and len(by_rank) == world:
+        return by_rank[rank]
+    return state_dict.get("rng")  # one process, or another world size: rank 0's states (as before)
+
+
 class ExactResume(pl.Callback):
     """Checkpoints the global RNG states and the run's config hash (`lmk.train.checkpoints.RUN_KEY`, which the
     resume rule reads), and trims metrics.csv on resume (see the module docstring)."""
@@ -114,16 +139,17 @@ class ExactResume(pl.Callback):
     def state_dict(self) -> dict[str, Any]:
         trainer = getattr(self, "_trainer", None)
         epoch_end = bool(trainer is not None and trainer.fit_loop.epoch_loop.batch_progress.is_last_batch)
-        return {"rng": _rng_states(), "epoch_end": epoch_end}
+        return {"rng": _rng_states(), "rng_by_rank": _every_ranks_states(), "epoch_end": epoch_end}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._resumed = True
-        if state_dict.get("epoch_end") and state_dict.get("rng") is not None:
+        states = _this_ranks_states(state_dict)
+        if state_dict.get("epoch_end") and states is not None:
             # before the resumed run creates its first DataLoader iterator (see the module docstring)
-            _set_rng_states(state_dict["rng"])
+            _set_rng_states(states)
             self._pending = None
             return
-        self._pending = state_dict.get("rng")
+        self._pending = states
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._resumed and trainer.is_global_zero:
