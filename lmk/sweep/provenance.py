@@ -1,7 +1,7 @@
 """The data and environment part of a table's provenance: what each sweep's runs were computed from.
 
 Read from the sweep folder only (nothing is rebuilt): each row's `results.json` (`environment`: the lock
-hash, Python, what differed from the lock; `data_fingerprint`: the training data) and the manifest of every
+hash, Python, what differed from the lock, the CPU kernels it computed with; `data_fingerprint`: the training data) and the manifest of every
 hub mirror under it (the replicas' per-task content fingerprints, compared with the pinned ones of
 `lmk/resources/data_fingerprints.json`, see `lmk.eval.fingerprints`).
 """
@@ -38,6 +38,10 @@ def _environment(env: dict[str, Any]) -> str:
     n = env.get("n_differ")
     state = "no lock" if n is None else "matches the lock" if n == 0 else \
         f"{n} distribution(s) differ from the lock, e.g. {', '.join(env.get('differs_from_lock', [])[:2])}"
+    kernels = env.get("cpu_kernels") or {}
+    if kernels.get("capability"):  # what decides a CPU run's floats: the kernels ATen picked, set or not, threads
+        how = "set" if kernels.get("switches") else "the CPU's own"
+        state += f"; {kernels['capability']} kernels ({how}), {kernels.get('threads')} threads"
     return f"lock `{env.get('lock')}`, Python {env.get('python')}, {state}"
 
 
