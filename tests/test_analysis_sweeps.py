@@ -15,6 +15,7 @@ from matplotlib.figure import Figure
 from omegaconf import OmegaConf
 
 from lmk import analysis as an
+from lmk.config import group_file
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = {"num_hidden_layers": 1, "hidden_size": 32, "num_attention_heads": 2, "intermediate_size": 64,
@@ -22,9 +23,10 @@ TINY = {"num_hidden_layers": 1, "hidden_size": 32, "num_attention_heads": 2, "in
 
 
 def _configs(pooling: str) -> tuple[dict, dict]:
-    enc = OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "encoder" / "tiny-modernbert.yaml"))
+    # as a run's results.json holds them: each group option composed with its `_base` defaults
+    enc = OmegaConf.to_container(group_file("encoder", "tiny-modernbert", ROOT / "conf"))
     enc["config_overrides"], enc["max_positions"] = dict(TINY), 256
-    pool = OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "pooling" / f"{pooling}.yaml"))
+    pool = OmegaConf.to_container(group_file("pooling", pooling, ROOT / "conf"))
     return enc, pool
 
 

@@ -147,3 +147,13 @@ def test_a_new_option_declared_hash_neutral_keeps_the_old_description_and_hash()
     assert neutral_defaults(Newer, config_hash=True) == {"stride": 1}
     with pytest.raises(ConfigError, match=r"stride=0 is not valid; allowed values: an integer >= 1"):
         Newer.coerce({"stride": 0})
+
+
+def test_a_group_file_read_without_hydra_is_what_hydra_composes():
+    """lmk.config.group_file merges an option's `_base` defaults as Hydra does (the analysis reads pooling files so)."""
+    from lmk.config import group_file
+
+    for group, name in (("pooling", "lmk-fixed"), ("pooling", "cls"), ("eval", "local"), ("eval", "table2-rehearsal")):
+        with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+            composed = compose(config_name="train", overrides=["run_dir=/tmp/lmk-test-run", f"{group}={name}"])
+        assert OmegaConf.to_container(group_file(group, name)) == OmegaConf.to_container(composed[group]), name

@@ -71,3 +71,17 @@ def test_what_a_run_computed_with_is_recorded(tmp_path):
     update_results(tmp_path, status="running")
     recorded = read_results(tmp_path)["environment"]["cpu_kernels"]
     assert set(recorded) >= {"switches"} and isinstance(recorded["switches"], dict)
+
+
+def test_a_tables_provenance_names_the_kernels_of_its_rows(tmp_path, monkeypatch):
+    """What a row's results.json records reaches its table: the kernels ATen picked, whether they were set, threads."""
+    import torch
+
+    from lmk.sweep.provenance import provenance_lines
+
+    for key in SWITCHES:
+        monkeypatch.delenv(key, raising=False)
+    update_results(tmp_path / "train" / "cls", row="cls", status="done")
+    text = "\n".join(provenance_lines(tmp_path))
+    expected = f"{torch.backends.cpu.get_cpu_capability()} kernels (the CPU's own), {torch.get_num_threads()} threads"
+    assert expected in text, text

@@ -13,9 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from omegaconf import OmegaConf
-
-from lmk.config import CONF_DIR, group_options
+from lmk.config import CONF_DIR, group_file, group_options
 from lmk.config.paths import in_repo
 from lmk.model.embedding import EmbeddingModel
 from lmk.model.loading import load_model
@@ -37,7 +35,7 @@ def _load_cfg(conf: Path, group: str, name: str) -> Any:
         raise ValueError(
             f"unknown {group} {name!r}; allowed: {', '.join(avail) or '(none found in ' + str(conf) + ')'}"
         )
-    return OmegaConf.load(path)
+    return group_file(group, name, conf)  # with its `_base` defaults, as Hydra composes it
 
 
 def _run_label(run_dir: Path) -> str:

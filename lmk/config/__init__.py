@@ -21,6 +21,7 @@ from lmk.config.data import LOCAL_SOURCE, REPLICA_PREFIX, DataConfig, SourceConf
 from lmk.config.device import check_device, check_precision
 from lmk.config.eval import (
     LENGTHS,
+    LOCAL_TASK_NAMES,
     RULER_DEPTHS,
     RULER_ESSAYS_REPO,
     RULER_HAYSTACKS,
@@ -35,10 +36,12 @@ from lmk.config.root import (
     CKPT_AUTO,
     CKPT_FRESH,
     CONF_DIR,
+    RULES_READ_DEFAULTS,
     RootConfig,
     TrainSection,
     derive_seeds,
     effective_batch,
+    group_file,
     group_options,
     hash_neutral_keys,
     validate,
@@ -60,11 +63,12 @@ from lmk.config.schema import (
 )
 
 __all__ = [
-    "CKPT_AUTO", "CKPT_FRESH", "CONF_DIR", "LENGTHS", "RULER_DEPTHS", "RULER_ESSAYS_REPO", "RULER_HAYSTACKS",
+    "CKPT_AUTO", "CKPT_FRESH", "CONF_DIR", "LENGTHS", "LOCAL_TASK_NAMES", "RULES_READ_DEFAULTS", "RULER_DEPTHS",
+    "RULER_ESSAYS_REPO", "RULER_HAYSTACKS",
     "RULER_VARIANTS", "LOCAL_SOURCE", "REPLICA_PREFIX", "Coercible", "ConfigError", "DataConfig", "EncoderConfig",
     "EvalConfig", "EvalConfigError", "PoolingConfig", "RootConfig", "SourceConfig", "TrainSection", "UserError",
     "above", "at_least", "call_arguments", "check_device", "check_lora", "check_precision", "choice",
-    "derive_seeds", "effective_batch", "get_key", "group_options", "hash_neutral", "hash_neutral_keys", "in_repo",
+    "derive_seeds", "effective_batch", "get_key", "group_file", "group_options", "hash_neutral", "hash_neutral_keys", "in_repo",
     "is_named_source", "is_user_error", "koehn_languages", "neutral_defaults", "no_landmarks_message", "plain",
     "registry", "repo_root", "to_container", "validate", "validate_splitter",
 ]

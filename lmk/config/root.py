@@ -51,6 +51,19 @@ def group_options(group: str, conf_dir: Path | None = None) -> list[str]:
     return sorted(p.stem for p in folder.glob("*.yaml") if not p.stem.startswith("_"))
 
 
+def group_file(group: str, name: str, conf_dir: Path | None = None) -> Any:
+    """One option of a config group read without Hydra, as Hydra composes it from its own defaults list: its
+    `_`-prefixed bases (`_base`, the schema's defaults) merged first, then the file (a DictConfig, no `defaults`).
+    FileNotFoundError for an option that does not exist."""
+    folder = (CONF_DIR if conf_dir is None else Path(conf_dir)) / group
+    node = OmegaConf.load(folder / f"{name}.yaml")
+    own = OmegaConf.create({k: v for k, v in node.items() if k != "defaults"})
+    order = [d for d in node.get("defaults") or [] if isinstance(d, str) and d.startswith("_")]
+    if "_self_" not in order:
+        order.append("_self_")
+    return OmegaConf.merge(*(own if d == "_self_" else group_file(group, d, conf_dir) for d in order))
+
+
 # ---- sections owned here -----------------------------------------------------------------------
 @dataclass
 class TrainSection(Coercible):

@@ -23,7 +23,7 @@ __all__, __getattr__ = interface(__name__, {
     "lmk.run.cluster": ("SubmititEnvironment", "cluster_plugins", "emulate_slurm", "slurm_task_env",
                         "submitit_rank", "under_submitit_local"),
     "lmk.run.console": ("console_stream", "interactive", "redirected", "verbose"),
-    "lmk.run.cpu_kernels": ("KERNEL_SETS", "in_use", "switches"),
+    "lmk.run.cpu_kernels": ("KERNEL_SETS", "SWITCHES", "in_use", "switches"),
     "lmk.run.environment": ("lock_hash",),
     "lmk.run.umask_files": ("cache_root", "follow_umask", "write_json"),
     "lmk.run.lock": ("job_identity",),
