@@ -233,6 +233,8 @@ ELSEWHERE = {
     "make test-slurm": "needs root and apt: the slurm-marked tests",
     "python -m lmk.evaluate model=<hub id or folder> pooling=lmk-fixed eval=beir15":
         "BEIR-15 comes from the hub; the README's one-minute run evaluates a folder model with the same command",
+    "python -m lmk.evaluate -m pooling=cls,mean,lmk-fixed eval=table2-tiny":
+        "test_the_readme_one_minute_run_as_typed_prints_the_scores_it_quotes",
 }
 
 
