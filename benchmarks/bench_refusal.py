@@ -13,8 +13,8 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 from benchmarks.common import check_size, figure
@@ -23,7 +23,6 @@ SECTION = "refusal"
 # tiny (the tests): each setting once, no warm-up and no peer (a Lightning import: seconds of the suite)
 SIZES: dict[str, dict[str, Any]] = {"tiny": {"repeats": 1, "peer": False}, "full": {"repeats": 7, "peer": True}}
 GOAL_S = 2.0
-ROOT = Path(__file__).resolve().parents[1]
 # name -> the overrides of a command line that must be refused
 SETTINGS: dict[str, list[str]] = {
     "streaming without max_steps": ["data.streaming=true", "trainer.max_steps=-1", "+trainer.max_epochs=1"],
@@ -36,10 +35,11 @@ PEER = ["trainer.precision=bogus"]
 def refusal_seconds(overrides: list[str]) -> float:
     """Wall seconds of one `python -m lmk.train` that must exit 1 (a refusal); RuntimeError if it does not."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline"}
-    start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "lmk.train", *overrides], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=300)
-    took = time.perf_counter() - start
+    with tempfile.TemporaryDirectory() as cwd:  # Hydra makes the run folder (outputs/...) before the task refuses
+        start = time.perf_counter()
+        proc = subprocess.run([sys.executable, "-m", "lmk.train", *overrides], cwd=cwd, env=env, capture_output=True,
+                              text=True, timeout=300)
+        took = time.perf_counter() - start
     if proc.returncode != 1 or "Traceback" in proc.stderr:
         raise RuntimeError(f"lmk.train {' '.join(overrides)} was not refused in one line (exit {proc.returncode}): "
                            f"{proc.stderr[-500:]}")
