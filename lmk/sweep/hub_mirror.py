@@ -18,8 +18,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from lmk.config import group_file
 from lmk.eval.replicas import REPLICAS, Sizes, task_dataset, write_replicas
 from lmk.hub import mirror
 from lmk.sweep.spec import CONF_DIR, Scale, SpecError, experiment_eval
@@ -56,8 +55,7 @@ def suite_tasks(scale: Scale, conf_dir: Path = CONF_DIR) -> list[str]:
     name = experiment_eval(scale, conf_dir)
     if name is None:
         return []
-    data = yaml.safe_load((conf_dir / "eval" / f"{name}.yaml").read_text()) or {}
-    return [str(t) for t in data.get("tasks") or []]
+    return [str(t) for t in group_file("eval", name, conf_dir).get("tasks") or []]
 
 
 def prepare(scale: Scale, out: Path, dry_run: bool = False) -> Path | None:

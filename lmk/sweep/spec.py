@@ -13,8 +13,7 @@ from typing import Any
 
 import yaml
 
-from lmk.config import CONF_DIR, UserError
-from lmk.config import group_options as config_group_options
+from lmk.config import CONF_DIR, UserError, group_file, group_options
 from lmk.run.cpu_kernels import switches
 
 CONTEXTS = ("short", "long")
@@ -129,10 +128,6 @@ def _closest(name: str, options: list[str]) -> str:
     return f" (did you mean {', '.join(near)}?)" if near else ""
 
 
-def group_options(conf_dir: Path, group: str) -> list[str]:
-    return config_group_options(group, conf_dir)
-
-
 def _kernel_env(path: str | Path, name: Any) -> dict[str, str]:
     try:
         return switches(None if name is None else str(name))
@@ -187,9 +182,8 @@ def suite_groups(eval_name: str, conf_dir: Path = CONF_DIR) -> list[str]:
     """The group names an eval suite config defines (`groups:` mapping in conf/eval/<name>.yaml)."""
     path = conf_dir / "eval" / f"{eval_name}.yaml"
     if not path.exists():
-        raise SpecError(f"eval suite {eval_name!r} not found; options: {', '.join(group_options(conf_dir, 'eval'))}")
-    data = yaml.safe_load(path.read_text()) or {}
-    return sorted((data.get("groups") or {}).keys())
+        raise SpecError(f"eval suite {eval_name!r} not found; options: {', '.join(group_options('eval', conf_dir))}")
+    return sorted((group_file("eval", eval_name, conf_dir).get("groups") or {}).keys())
 
 
 def experiment_eval(scale: Scale, conf_dir: Path = CONF_DIR) -> str | None:
@@ -212,7 +206,7 @@ def validate_spec(spec: TableSpec, scale_name: str, conf_dir: Path = CONF_DIR,
                   with_optional: bool | None = None) -> None:
     """Fail before any compute if a row's pooling or a column's eval group does not exist."""
     scale = spec.scale(scale_name)
-    poolings = group_options(conf_dir, "pooling")
+    poolings = group_options("pooling", conf_dir)
     for row in spec.rows_for(scale, with_optional):
         if row.scoring_of is not None:
             check_scoring_row(spec, row, conf_dir)
@@ -236,8 +230,7 @@ def validate_spec(spec: TableSpec, scale_name: str, conf_dir: Path = CONF_DIR,
 
 def pooler_of(pooling: str, conf_dir: Path = CONF_DIR) -> str:
     """The pooler a `conf/pooling/` option uses (lmk: landmark states, which MaxSim scores)."""
-    data = yaml.safe_load((conf_dir / "pooling" / f"{pooling}.yaml").read_text()) or {}
-    return str(data.get("pooler", "lmk"))
+    return str(group_file("pooling", pooling, conf_dir).get("pooler", "lmk"))
 
 
 def check_scoring_row(spec: TableSpec, row: Row, conf_dir: Path = CONF_DIR) -> None:
