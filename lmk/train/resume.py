@@ -96,14 +96,14 @@ def _world() -> tuple[int, int]:
     return 0, 1
 
 
-def _every_ranks_states() -> list[dict[str, Any]] | None:
-    """Each rank's RNG states, gathered (every rank saves a checkpoint's state together; rank 0 writes it): under
+def _every_ranks(states: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """Each rank's `states`, gathered (every rank saves a checkpoint's state together; rank 0 writes it): under
     DDP the ranks' generators differ, and a rank resumed with rank 0's draws other dropout masks."""
     _, world = _world()
     if world == 1:
         return None
     gathered: list[Any] = [None] * world
-    torch.distributed.all_gather_object(gathered, _rng_states())
+    torch.distributed.all_gather_object(gathered, states)
     return gathered
 
 
@@ -124,6 +124,7 @@ class ExactResume(pl.Callback):
         self.config_hash = config_hash
         self._pending: dict[str, Any] | None = None
         self._resumed = False
+        self._trainer: pl.Trainer | None = None
 
     def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                            checkpoint: dict[str, Any]) -> None:
@@ -137,9 +138,10 @@ class ExactResume(pl.Callback):
         self._trainer = trainer
 
     def state_dict(self) -> dict[str, Any]:
-        trainer = getattr(self, "_trainer", None)
+        trainer = self._trainer
         epoch_end = bool(trainer is not None and trainer.fit_loop.epoch_loop.batch_progress.is_last_batch)
-        return {"rng": _rng_states(), "rng_by_rank": _every_ranks_states(), "epoch_end": epoch_end}
+        states = _rng_states()
+        return {"rng": states, "rng_by_rank": _every_ranks(states), "epoch_end": epoch_end}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._resumed = True
