@@ -125,6 +125,9 @@ class EncoderConfig(Coercible):
     # LoRA adapters (peft) on a frozen backbone: {r, alpha, dropout, target_modules}, missing keys take the authors'
     # values (LORA_DEFAULTS); null: the whole backbone trains
     lora: dict[str, Any] | None = hash_neutral(None, config_hash=False)
+    # inference encodes unpadded (lmk.model.packed_attention): auto (on CUDA with varlen_attn, for ModernBERT and the
+    # decoders; padded otherwise) | true (packed anywhere; the CPU's reference attention is exact, not fast) | false
+    packed: bool | str = hash_neutral("auto")
     _target_: str | None = None  # accepted from configs written before (they named this dataclass); unused
 
     def __post_init__(self) -> None:
@@ -140,6 +143,10 @@ class EncoderConfig(Coercible):
         if self.padding_side is not None:
             _check_choice(n, "padding_side", self.padding_side, PADDING_SIDES)
         self.lora = check_lora(self.name, plain(self.lora))
+        if self.packed in ("true", "false"):  # a quoted value from a command line or an env file
+            self.packed = self.packed == "true"
+        if not isinstance(self.packed, bool) and self.packed != "auto":
+            raise ConfigError(f"{n}.packed={self.packed!r} is not valid; allowed values: auto, true, false")
         if not isinstance(self.gradient_checkpointing, bool) and self.gradient_checkpointing != "auto":
             raise ConfigError(f"{n}.gradient_checkpointing={self.gradient_checkpointing!r} is not valid; allowed values: "
                               "true, false, auto")

@@ -6,6 +6,7 @@
     embedding.py     EmbeddingModel: build, encode (batched, any device / precision), save / load
     batching.py      inference batches by rows or by token budget; device.py: eval device and precision
     long_attention.py  sliding-window layers without a dense T x T mask at inference
+    packed_attention.py  unpadded inference: a batch's real tokens as one row, varlen attention within each text
     exported.py      an export folder (lmk.sharing writes them) checked, then read back with lmk's own classes
     multi_vector.py  a text as its landmark states kept apart (MaxSim scoring), the states the lmk pooler averages
     loading.py       any model reference (run folder, export, .ckpt, HF encoder) -> EmbeddingModel
@@ -30,6 +31,7 @@ __all__, _own = interface(__name__, {
     "lmk.model.loading": ("load_hf_encoder", "load_model"),
     "lmk.model.lora": ("add_lora", "is_lora", "merged"),
     "lmk.model.multi_vector": ("encode_states", "no_landmarks", "pooled_states"),
+    "lmk.model.packed_attention": ("PACKED", "Packing", "choose", "pack_plan", "packed_hidden_states"),
     "lmk.model.long_attention": ("BLOCK", "LEAN_SDPA", "banded_attention", "guard_padded_rows",
                                  "lean_attention"),
     "lmk.model.pipeline": ("EncodeError", "NonFiniteEmbeddingError", "WINDOW", "collate", "resolve_workers",

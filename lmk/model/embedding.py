@@ -30,6 +30,7 @@ from lmk.model.landmark.sliding_window_guard import guard_padded_rows
 from lmk.model.landmark.tokenization import LandmarkTokenizer
 from lmk.model.long_attention import lean_attention
 from lmk.model.lora import merged
+from lmk.model.packed_attention import Packing, choose, pack_plan, packed_hidden_states
 from lmk.model.pipeline import encode_texts
 from lmk.run.umask_files import write_json
 
@@ -286,23 +287,36 @@ class EmbeddingModel(torch.nn.Module):
                      len(texts), side, max_length)
         return out
 
+    def attention_path(self, precision: str) -> tuple[bool, str]:
+        """(packed?, why) of an inference encode at `precision` (resolved) on the model's device: `encoder.packed`
+        (auto | true | false) decided by lmk.model.packed_attention.choose; what results.json records."""
+        setting = self.encoder_cfg.packed if self.encoder_cfg is not None else "auto"
+        return choose(self.backbone, self.device, precision, setting)
+
     def _embed_batch(self, feats: dict[str, torch.Tensor], precision: str) -> torch.Tensor:
         """One CPU batch -> float32 [B, H] embeddings on the model's device (copied without blocking; whether
-        the batch is padded is read on the CPU, so nothing waits on the device)."""
+        the batch is padded, and its packing, are read on the CPU, so nothing waits on the device)."""
         unpadded = feats["input_ids"].shape[0] == 1 and bool(feats["attention_mask"].all())
         device = self.device
-        return self._embed({k: v.to(device, non_blocking=True) for k, v in feats.items()}, precision, unpadded)
+        packing = pack_plan(feats["attention_mask"]).to(device) if self.attention_path(precision)[0] else None
+        return self._embed({k: v.to(device, non_blocking=True) for k, v in feats.items()}, precision, unpadded,
+                           packing)
 
-    def _embed(self, feats: dict[str, torch.Tensor], precision: str, unpadded: bool | None = None) -> torch.Tensor:
+    def _embed(self, feats: dict[str, torch.Tensor], precision: str, unpadded: bool | None = None,
+               packing: Packing | None = None) -> torch.Tensor:
         """Inference forward of one tokenized batch -> float32 [B, H] embeddings."""
-        hidden = self.hidden_states(feats, precision, unpadded)
+        hidden = self.hidden_states(feats, precision, unpadded, packing)
         # pool and normalise in float32 whatever the autocast dtype
         return self.pooler(hidden, feats["attention_mask"], feats.get("pool_mask")).float()
 
-    def hidden_states(self, feats: dict[str, torch.Tensor], precision: str, unpadded: bool | None = None
-                      ) -> torch.Tensor:
+    def hidden_states(self, feats: dict[str, torch.Tensor], precision: str, unpadded: bool | None = None,
+                      packing: Packing | None = None) -> torch.Tensor:
         """Inference forward of one tokenized batch (on the model's device) -> float32 last hidden states [B, T, H]:
-        what the pooler pools, and what multi-vector scoring (lmk.model.multi_vector) keeps apart."""
+        what the pooler pools, and what multi-vector scoring (lmk.model.multi_vector) keeps apart. Packed (the real
+        tokens as one row, zeros at padding) where `attention_path` says so, else padded."""
+        if packing is not None or self.attention_path(precision)[0]:
+            with autocast(self.device, precision):
+                return packed_hidden_states(self.backbone, feats, packing).float()
         inputs = backbone_inputs(self.backbone, feats)
         if unpadded is None:
             unpadded = inputs["input_ids"].shape[0] == 1 and bool(feats["attention_mask"].all())
