@@ -102,6 +102,7 @@ def test_evaluate_command_on_a_published_model(tmp_path, minilm_path, monkeypatc
     res = json.loads((tmp_path / "run" / "results.json").read_text())
     assert res["status"] == "done" and res["model"]["kind"] == "hf-encoder"
     assert res["model"]["device"] == "cpu" and res["model"]["precision"] == "bf16"
+    assert res["model"]["attention"].startswith("padded: backbone type 'bert'")  # the encoding path, and why
     assert section["precision"] == "bf16" and section["device"] == "cpu"
     assert section["tasks"]["LocalShort"]["main_score"] > 0.9  # identical query and document texts
     assert section["model"].startswith("lmk/hf-") and "__mean__" in section["model"]

@@ -158,9 +158,11 @@ def _load_model(job: Job) -> tuple[Any, dict[str, Any], bool]:
     if why is not None:  # before any text is encoded
         raise ConfigError(why)
     model = model.to(device)
+    precision = resolve_precision(job.eval_cfg.precision, device)
     info.update(name=model.name, fingerprint=model.fingerprint(),
                 pooling=model.pooling_cfg.label if model.pooling_cfg is not None else None,
-                device=str(device), precision=resolve_precision(job.eval_cfg.precision, device))
+                device=str(device), precision=precision,
+                attention=model.attention_path(precision)[1])  # packed or padded encoding, and why
     log.info("evaluating %s on %s (%s)", model.name, device, info["precision"])
     return model, info, cross_pooling
 
