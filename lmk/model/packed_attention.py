@@ -73,6 +73,7 @@ def pack_plan(attention_mask: torch.Tensor) -> Packing:
 def varlen_kernel() -> Any:
     """torch's varlen_attn (torch >= 2.10), or None."""
     try:
+        # imported on use: torch < 2.10 has no varlen module (then the padded path stays)
         from torch.nn.attention.varlen import varlen_attn
     except ImportError:
         return None
