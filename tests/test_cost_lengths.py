@@ -12,9 +12,17 @@ from lmk.data.pairs import load_pairs
 from lmk.model.backbone import shipped_config
 from lmk.model.landmark.tokenization import LandmarkTokenizer
 from lmk.model.shape import EncoderShape
-from lmk.sweep.cost import lengths as lengths_mod
-from lmk.sweep.cost.lengths import laid_out, measure_source, profile_lengths
-from lmk.sweep.cost.paths import job_path, maxsim_flops, objective, side_flops, step_flops, token_budget
+from lmk.sweep.cost import (
+    job_path,
+    laid_out,
+    maxsim_flops,
+    measure_source,
+    objective,
+    profile_lengths,
+    side_flops,
+    step_flops,
+    token_budget,
+)
 
 BASE = EncoderShape.from_config(shipped_config("modernbert-base"))
 ROWS = 40
@@ -50,7 +58,7 @@ def test_measured_lengths_of_the_offline_set_are_the_tokenizers_and_are_cached(m
     def no_tokenizing(*args, **kwargs):
         raise AssertionError("a cached source is measured again")
 
-    monkeypatch.setattr(lengths_mod, "measure_rows", no_tokenizing)
+    monkeypatch.setattr("lmk.sweep.cost.lengths.measure_rows", no_tokenizing)
     again = measure_source({"path": "local"}, tok, key, 32, 128, group_size=4, rows=ROWS, cache_dir=tmp_path)
     assert again.cached and sorted(again.queries) == sorted(want_q) and sorted(again.passages) == sorted(want_p)
     assert len(list((tmp_path / "token-lengths").glob("*.json"))) == 2
@@ -76,23 +84,23 @@ def test_the_landmark_arithmetic_matches_the_tokenizer(minilm_tokenizer) -> None
             assert laid_out(np.array([n]), {"strategy": strategy, "chunk_size": chunk}, 512)[0] == real
 
 
-def test_token_budget_costs_at_most_padding_and_the_same_when_every_length_is_equal() -> None:
+def test_sorted_mini_batches_cost_at_most_padding_and_the_same_when_every_length_is_equal() -> None:
     rng = np.random.default_rng(0)
     equal = side_flops(np.full(100, 512), 256, 512, _cost, 32, None, rng)
-    assert equal["padded"] == pytest.approx(equal["batch"]) == pytest.approx(equal["token-budget"])
+    assert equal["padded"] == pytest.approx(equal["batch"]) == pytest.approx(equal["sorted"])
     assert equal["packed"] == pytest.approx(equal["padded"])
     sample = rng.integers(20, 400, size=1000)
-    for chunk, budget in ((32, None), (None, 4096), (None, None)):
-        paths = side_flops(sample, 256, 512, _cost, chunk, budget, np.random.default_rng(1))
-        assert paths["packed"] <= paths["token-budget"] <= paths["batch"] < paths["padded"]
+    for chunk, max_tokens in ((32, None), (None, 4096), (None, None)):
+        paths = side_flops(sample, 256, 512, _cost, chunk, max_tokens, np.random.default_rng(1))
+        assert paths["packed"] <= paths["sorted"] <= paths["batch"] < paths["padded"]
 
 
 def test_the_jobs_path_objective_and_the_maxsim_score_cost() -> None:
     c = {"data": {"batch_size": 4, "group_size": 2, "query_max_length": 16, "passage_max_length": 64},
          "train": {"grad_cache": True, "grad_cache_chunk": 2}, "pooling": {"strategy": "fixed", "chunk_size": 8}}
     assert job_path(c) == "batch" and token_budget(c) is None and objective(c) == "single"
-    budget = {**c, "train": {**c["train"], "mini_batch_tokens": 128}}
-    assert job_path(budget) == "token-budget" and token_budget(budget) == 128
+    limited = {**c, "train": {**c["train"], "mini_batch_tokens": 128}}
+    assert job_path(limited) == "sorted" and token_budget(limited) == 128
     q, p = np.full(50, 10), np.full(50, 40)
     single = step_flops(c, BASE, lambda n: BASE.train_flops_per_token(n), q, p, gpus=2)
     maxsim = {**c, "train": {**c["train"], "objective": "maxsim", "gather_across_devices": True}}

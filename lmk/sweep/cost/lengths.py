@@ -29,9 +29,9 @@ import numpy as np
 
 from lmk.model.landmark.names import STRATEGY_TRAITS
 from lmk.run.umask_files import cache_root, write_json
+from lmk.sweep.cost.index import TOKENS_PER_SENTENCE
 
-CHARS_PER_TOKEN = 4.0  # English BPE / WordPiece: about 4 characters per token
-TOKENS_PER_SENTENCE = 24.0  # English prose: about 24 tokens a sentence (assumed), for the sentence strategy
+CHARS_PER_TOKEN = 4.0  # English BPE / WordPiece: about 4 characters per token (the eval stage's figure too)
 SAMPLE_ROWS = 512  # rows of a source measured: its queries, and its passages as a training group takes them
 PROFILE_POINTS = 4096  # texts a profile stands for (its quantiles at evenly spaced probabilities)
 CACHE_VERSION = 1
@@ -184,9 +184,10 @@ def measure_source(source: Mapping[str, Any], tokenizer: Any, key: Mapping[str, 
 def _readable(source: Mapping[str, Any]) -> str | None:
     """Why a source cannot be read here (None: it can): a local path, a named source (built on first use) or a
     hub dataset the cache or the mirror holds."""
+    # loaded when a job is sized: the sweep driver imports lmk.sweep.cost without the data and model stacks
     from lmk.config.data import LOCAL_SOURCE, REPLICA_PREFIX
-    from lmk.hub.artifacts import Artifact, locate
-    from lmk.hub.offline import is_hub_id
+    from lmk.hub.artifacts import Artifact, locate  # (as above)
+    from lmk.hub.offline import is_hub_id  # (as above)
 
     path = str(source.get("path") or LOCAL_SOURCE)
     if path == LOCAL_SOURCE or path.startswith(REPLICA_PREFIX) or Path(path).expanduser().exists():
@@ -199,9 +200,10 @@ def _readable(source: Mapping[str, Any]) -> str | None:
 
 def _landmark_tokenizer(c: Mapping[str, Any]) -> tuple[Any, str]:
     """The row's landmark tokenizer as its job builds it (the encoder's tokenizer, the pooling's layout)."""
+    # loaded when a job is sized: the sweep driver imports lmk.sweep.cost without the data and model stacks
     from lmk.config.model import EncoderConfig, PoolingConfig
-    from lmk.model.backbone import load_tokenizer, package_model_path
-    from lmk.model.landmark.tokenization import LandmarkTokenizer
+    from lmk.model.backbone import load_tokenizer, package_model_path  # (as above)
+    from lmk.model.landmark.tokenization import LandmarkTokenizer  # (as above)
 
     enc = EncoderConfig.coerce(c["encoder"])
     spec = enc.tokenizer or (package_model_path(enc.package) if enc.source == "package" else enc.model_id)
@@ -229,7 +231,7 @@ def _source_lengths(src: Mapping[str, Any], c: Mapping[str, Any], q_max: int, p_
     if why is None:
         try:
             tokenizer, name = _landmark_tokenizer(c)
-            from lmk.data.pairs import source_fingerprint
+            from lmk.data.pairs import source_fingerprint  # the data stack only when a source is measured
 
             key = {"source": source_fingerprint(dict(src)), "tokenizer": name, "pooling": _pooling(c)}
             return measure_source(src, tokenizer, key, q_max, p_max, group, cache_dir=cache_dir), ""
@@ -243,6 +245,7 @@ def job_lengths(c: Mapping[str, Any], cache_dir: str | Path | None = None) -> tu
     source has neither a readable copy nor a profile."""
     data = c.get("data") or {}
     q_max, p_max, group = int(data["query_max_length"]), int(data["passage_max_length"]), int(data["group_size"])
+    # loaded when a job is sized: the sweep driver imports lmk.sweep.cost without the data and model stacks
     from lmk.hub.artifacts import data_sources
 
     parts, whys = [], []

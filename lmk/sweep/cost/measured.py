@@ -4,12 +4,13 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+from lmk.model.landmark.names import STRATEGY_TRAITS
 from lmk.model.shape import EncoderShape
 from lmk.sweep.cost.lengths import Lengths, job_lengths
-from lmk.sweep.cost.paths import PATHS, job_path, objective, step_flops, token_budget
+from lmk.sweep.cost.paths import PATHS, job_path, maxsim_flops, objective, step_flops, token_budget
 from lmk.sweep.cost.throughput import Rates
 from lmk.train.memory import decide_checkpointing, job_lora
 
@@ -26,7 +27,7 @@ class RowHours:
     path: str
     lengths: Lengths | None
     why: str = ""  # why a source was not measured (its profile stands in), or why no lengths at all
-    notes: list[str] = field(default_factory=list)
+    maxsim_hours: float | None = None  # what the MaxSim objective's score matrix adds (a landmark row), any path
 
 
 def row_hours(row: str, c: Mapping[str, Any], shape: EncoderShape, gpus: int, rates: Rates, padded_wall_s: float,
@@ -47,7 +48,11 @@ def row_hours(row: str, c: Mapping[str, Any], shape: EncoderShape, gpus: int, ra
     hours = {p: (steps * flops[p] / rates.train.flops_per_s + rates.job_overhead_s + eval_s) * gpus / 3600.0
              for p in PATHS}
     hours["padded"] = padded  # the table's own figure (its time-limit verdict included)
-    return RowHours(row, objective(c), hours, job_path(c), lengths, why)
+    extra = None
+    if STRATEGY_TRAITS.get(str((c.get("pooling") or {}).get("strategy")), {}).get("marks_pooled"):
+        score = maxsim_flops(c, lengths.queries, lengths.passages, gpus, shape.hidden)
+        extra = steps * score / rates.train.flops_per_s * gpus / 3600.0
+    return RowHours(row, objective(c), hours, job_path(c), lengths, why, extra)
 
 
 def _cell(r: RowHours, path: str) -> str:
@@ -67,10 +72,10 @@ def format_rows(rows: Sequence[RowHours], c: Mapping[str, Any], unit: str = "GPU
              "the batch as one mini-batch")
     out = [f"training {unit} per row: padded = every text at {data.get('query_max_length')}/"
            f"{data.get('passage_max_length')} tokens (the table's figure); at the texts' token lengths: batch = each "
-           f"device batch padded to its longest text (the collator today), token-budget = the batch sorted into "
+           f"device batch padded to its longest text (the collator today), sorted = the batch sorted by length into "
            f"{chunk}, each padded to its longest, packed = real tokens only (a varlen kernel on CUDA); "
            f"* = the job's path",
-           f"  {'row':<18} {'objective':<9} {'padded':>8} {'batch':>8} {'budget':>8} {'packed':>8}  lengths"]
+           f"  {'row':<18} {'objective':<9} {'padded':>8} {'batch':>8} {'sorted':>8} {'packed':>8}  lengths"]
     for r in rows:
         kind = r.lengths.kind if r.lengths is not None else "none (padded only)"
         out.append(f"  {r.row:<18} {r.objective:<9} " + " ".join(_cell(r, p) for p in PATHS) + f"  {kind}")
@@ -100,17 +105,22 @@ def _lengths_lines(rows: Sequence[RowHours]) -> list[str]:
 
 
 def _objective_lines(rows: Sequence[RowHours]) -> list[str]:
+    """GPU-hours per objective where rows differ; else the one objective, and what MaxSim's scores would add."""
     by = sorted({r.objective for r in rows})
     if len(by) < 2:
-        return [f"  objective: {by[0]} for every row"
-                + ("" if by == ["single"] else " (its score matrix added to each path)")]
+        extra = [r.maxsim_hours for r in rows if r.maxsim_hours is not None]
+        span = f"{min(extra):.2g}" + (f"-{max(extra):.2g}" if extra and max(extra) > min(extra) else "") if extra else ""
+        adds = (f" (objective maxsim would add its query x passage landmark score matrix to the same forward and "
+                f"backward: {span} GPU-hours per landmark row)" if by == ["single"] and extra
+                else " (its score matrix included in each path)" if by != ["single"] else "")
+        return [f"  objective: {by[0]} for every row{adds}"]
     return [f"  objective {o}: " + ", ".join(f"{p} {sum(r.hours.get(p, 0.0) for r in rows if r.objective == o):.1f}"
                                              for p in PATHS) for o in by]
 
 
 WHY_ABOVE = {"padded": "every text padded to its max length",
              "batch": "each device batch is padded to its longest text, several times the mean",
-             "token-budget": "the padding left inside each sorted mini-batch",
+             "sorted": "the padding left inside each sorted mini-batch",
              "packed": "the real tokens themselves"}
 
 

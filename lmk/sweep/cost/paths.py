@@ -3,7 +3,7 @@
     padded         every text at its max length (query / passage): the upper bound the stage table prints
     batch          each device batch padded to its own longest text (what the collator does today: one width per
                    batch, which grad cache's chunks keep)
-    token-budget   each device batch sorted by length and cut into mini-batches (grad cache's chunks of
+    sorted         each device batch sorted by length and cut into mini-batches (grad cache's chunks of
                    `train.grad_cache_chunk` rows, or as many rows as a token budget holds: `train.mini_batch_tokens`
                    and its aliases), each padded to its own longest
     packed         the real tokens only (a varlen attention kernel on CUDA: no padding at all)
@@ -26,7 +26,7 @@ from lmk.model.batching import token_budget_batches
 from lmk.model.landmark.names import STRATEGY_TRAITS
 from lmk.model.shape import EncoderShape
 
-PATHS = ("padded", "batch", "token-budget", "packed")
+PATHS = ("padded", "batch", "sorted", "packed")
 SIM_STEPS = 64
 BUDGET_KEYS = ("mini_batch_tokens", "max_tokens_per_batch", "token_budget", "batch_tokens")  # read defensively
 
@@ -42,8 +42,8 @@ def token_budget(c: Mapping[str, Any]) -> int | None:
 
 
 def job_path(c: Mapping[str, Any]) -> str:
-    """The path the job's mini-batches take: token-budget where its config sets a budget, else batch padding."""
-    return "token-budget" if token_budget(c) else "batch"
+    """The path the job's mini-batches take: sorted where its config sets a token budget, else batch padding."""
+    return "sorted" if token_budget(c) else "batch"
 
 
 def objective(c: Mapping[str, Any]) -> str:
@@ -64,23 +64,23 @@ def _row_cost(per_token: Callable[[float], float]) -> Callable[[np.ndarray], np.
 
 
 def side_flops(sample: np.ndarray, rows: int, max_length: int, cost: Callable[[np.ndarray], np.ndarray],
-               chunk: int | None, budget: int | None, rng: np.random.Generator, steps: int = SIM_STEPS
+               chunk: int | None, max_tokens: int | None, rng: np.random.Generator, steps: int = SIM_STEPS
                ) -> dict[str, float]:
-    """Expected FLOPs of one device batch of `rows` texts drawn from `sample`, per path. Token-budget: sorted
-    mini-batches of `budget` tokens (padding counted), else of `chunk` rows, else the batch as one."""
+    """Expected FLOPs of one device batch of `rows` texts drawn from `sample`, per path. Sorted: mini-batches of
+    `max_tokens` tokens (padding counted), else of `chunk` rows, else the batch as one."""
     out = {"padded": rows * float(cost(np.array([max_length]))[0]),
            "packed": rows * float(cost(np.asarray(sample)).mean())}
-    longest = budgeted = 0.0
+    longest = grouped = 0.0
     for _ in range(steps):
         draw = np.sort(rng.choice(np.asarray(sample), size=rows, replace=True))[::-1]
         longest += rows * float(cost(draw[:1])[0])
-        if budget:
-            groups = [(len(b), int(draw[b[0]])) for b in token_budget_batches(draw, budget)]
+        if max_tokens:
+            groups = [(len(b), int(draw[b[0]])) for b in token_budget_batches(draw, max_tokens)]
         else:
             size = chunk or rows
             groups = [(len(draw[i:i + size]), int(draw[i])) for i in range(0, rows, size)]
-        budgeted += sum(n * float(cost(np.array([first]))[0]) for n, first in groups)
-    out["batch"], out["token-budget"] = longest / steps, budgeted / steps
+        grouped += sum(n * float(cost(np.array([first]))[0]) for n, first in groups)
+    out["batch"], out["sorted"] = longest / steps, grouped / steps
     return out
 
 
@@ -111,8 +111,8 @@ def step_flops(c: Mapping[str, Any], shape: EncoderShape, per_token: Callable[[f
     data, train = c.get("data") or {}, c.get("train") or {}
     per_device, group = int(data["batch_size"]), int(data["group_size"])
     chunk = int(train.get("grad_cache_chunk") or 0) if train.get("grad_cache") else None
-    cost, rng, budget = _row_cost(per_token), np.random.default_rng(seed), token_budget(c)
-    q = side_flops(queries, per_device, int(data["query_max_length"]), cost, chunk, budget, rng)
-    p = side_flops(passages, per_device * group, int(data["passage_max_length"]), cost, chunk, budget, rng)
+    cost, rng, max_tokens = _row_cost(per_token), np.random.default_rng(seed), token_budget(c)
+    q = side_flops(queries, per_device, int(data["query_max_length"]), cost, chunk, max_tokens, rng)
+    p = side_flops(passages, per_device * group, int(data["passage_max_length"]), cost, chunk, max_tokens, rng)
     extra = maxsim_flops(c, queries, passages, gpus, shape.hidden) if objective(c) == "maxsim" else 0.0
     return {path: q[path] + p[path] + extra for path in PATHS}
