@@ -127,6 +127,14 @@ def test_paper_dry_run_prints_the_memory_estimate_and_the_checkpointing_decision
     assert "train throughput: " in proc.stdout and "job overhead: " in proc.stdout
     # per stage: the longest job, how many run at once, the time limit
     assert "(beir15)" in proc.stdout and "all 6 (6 GPUs)" in proc.stdout and "of 12.0 h" in proc.stdout
+    # per row and in total: padded (the table's figure) and at the texts' lengths by path, the lengths' source named
+    rows = proc.stdout.split("training GPU-hours per row:")[1].splitlines()
+    cls = next(line for line in rows if line.split()[:1] == ["cls"]).split()
+    total = next(line for line in rows if line.split()[:1] == ["total"]).split()
+    assert cls[1] == "single" and cls[-1] == "profile" and total[1] == cls[2] == "83.4"  # one row: 834.4 / 10
+    padded, batch, budget, packed = (float(x.rstrip("*")) for x in total[1:5])
+    assert padded > batch > budget > packed > 0 and cls[3].endswith("*")  # the job's path: batch padding today
+    assert "profile 'msmarco-passage', not a measurement" in proc.stdout and "cfli/bge-full-data is not on disk" in proc.stdout
     job = json.loads((out / "train" / "jobs.json").read_text())["jobs"][0]
     assert job["report"]["fits"] is True and job["report"]["memory_gib"]["total"] > 1
     assert job["report"]["gradient_checkpointing"]["on"] is False

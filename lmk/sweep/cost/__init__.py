@@ -5,6 +5,10 @@ assumed):
     lmk.train.memory    per-device training memory, and the gradient-checkpointing decision it sets per job
     throughput.py       what the estimate divides by: a measured gpu-check, else a published peak (Rates)
     training.py         a training job: tokens, FLOPs (the passes lmk.train runs), wall time
+    lengths.py          a job's texts' token lengths: measured (a sample of the source, the row's landmark
+                        tokenizer, cached) or a shipped profile (lmk/resources/length_profiles.json), said which
+    paths.py            a training step's FLOPs by batching path (padded, batch longest, sorted, packed)
+    measured.py         each row's GPU-hours padded and at its lengths by path (the dry run's per-row block)
     evaluation.py       the eval stage per shard: tokens and time from mteb's task statistics
     index.py            a MaxSim row's index (landmark vectors and bytes per document, per task) and exact search
     stage.py            a stage: its jobs, device-hours, longest job, how many at once, wall time
@@ -23,7 +27,11 @@ __all__, __getattr__ = interface(__name__, {
                                 "training_time_report"),
     "lmk.sweep.cost.evaluation": ("CHARS_PER_TOKEN", "eval_cost"),
     "lmk.sweep.cost.index": ("Layout", "TaskIndex", "task_index"),
+    "lmk.sweep.cost.lengths": ("Lengths", "job_lengths", "laid_out", "measure_source", "profile_lengths"),
     "lmk.sweep.cost.limits": ("TimeLimit", "eval_verdict", "training_verdict"),
+    "lmk.sweep.cost.measured": ("RowHours", "format_rows", "row_hours"),
+    "lmk.sweep.cost.paths": ("PATHS", "job_path", "maxsim_flops", "objective", "side_flops", "step_flops",
+                             "token_budget"),
     "lmk.sweep.cost.report": ("job_report",),
     "lmk.sweep.cost.stage": ("StageCost", "makespan"),
     "lmk.sweep.cost.throughput": ("GPU_CHECK_JSON", "maxsim_throughput", "peak_throughput", "read_gpu_check"),

@@ -25,6 +25,7 @@ from lmk.model.shape import encoder_shape
 from lmk.sweep.cost.evaluation import eval_cost
 from lmk.sweep.cost.index import Layout
 from lmk.sweep.cost.limits import TimeLimit, eval_verdict, training_verdict
+from lmk.sweep.cost.measured import format_rows, row_hours
 from lmk.sweep.cost.stage import StageCost, hours
 from lmk.sweep.cost.throughput import GPU_CHECK_JSON, Rates, choose_rates, maxsim_throughput
 from lmk.sweep.cost.training import training_cost, training_job
@@ -78,13 +79,34 @@ def _eval_stage(scale: Scale, layouts: dict[str, Layout | None], c: dict[str, An
     return cost
 
 
-def _layout(scale: Scale, row: Any, by_id: dict[str, Any], dim: int) -> Layout | None:
-    """A row's MaxSim layout (its pooling and eval.maxsim_query, its job composed as the sweep launches it; an eval
-    stage's jobs carry the row's `eval.*` overrides) where its evaluation scores by MaxSim; None: single-vector.
-    A `scoring_of` row is its trained row's model under its own evaluation overrides."""
-    trained, extra = (row, []) if row.scoring_of is None else (by_id[row.scoring_of], list(row.overrides))
-    cfg = compose_config("lmk.train", [*train_block(scale, [trained]).jobs()[0].overrides, *extra, *_launch(scale)])
+def _row_config(scale: Scale, row: Any, by_id: dict[str, Any], composed: dict[str, Any]) -> Any:
+    """A row's job composed as the sweep launches it (once per row: `composed` keeps them); a `scoring_of` row is
+    its trained row's job under its own evaluation overrides."""
+    if row.id not in composed:
+        trained, extra = (row, []) if row.scoring_of is None else (by_id[row.scoring_of], list(row.overrides))
+        composed[row.id] = compose_config("lmk.train", [*train_block(scale, [trained]).jobs()[0].overrides, *extra,
+                                                        *_launch(scale)])
+    return composed[row.id]
+
+
+def _layout(cfg: Any, dim: int) -> Layout | None:
+    """A row's MaxSim layout (its pooling and eval.maxsim_query; an eval stage's jobs carry the row's `eval.*`
+    overrides) where its evaluation scores by MaxSim; None: single-vector."""
     return Layout.of({"eval": cfg.get("eval") or {}, "pooling": cfg.pooling}, dim)
+
+
+def _per_row(trained: Sequence[str], configs: dict[str, Any], shape: Any, gpus: int, rates: Rates, wall_s: float,
+             eval_s: float) -> list[str]:
+    """The per-row block (padded and measured-length GPU-hours); one line saying why where it cannot be made."""
+    unit = "CPU-hours" if rates.train.kind == "cpu" else "GPU-hours"
+
+    def job(cfg: Any) -> dict[str, Any]:  # the estimate's sections and the row's pooling (its landmark layout)
+        return {**sections(cfg), "pooling": OmegaConf.to_container(cfg.pooling, resolve=True)}
+    try:
+        rows = [row_hours(r, job(configs[r]), shape, gpus, rates, wall_s, eval_s) for r in trained]
+        return format_rows(rows, job(configs[trained[0]]), unit)
+    except (ValueError, KeyError, OSError) as err:
+        return [f"training {unit} at measured lengths unavailable: {type(err).__name__}: {err}"]
 
 
 def sweep_estimate(spec_path: str, scale_name: str, rows: Sequence[str], gpu: str | None = None,
@@ -108,7 +130,8 @@ def sweep_estimate(spec_path: str, scale_name: str, rows: Sequence[str], gpu: st
     shape = encoder_shape(c["encoder"])
     on_cpu = str((c.get("trainer") or {}).get("accelerator", "gpu")) == "cpu"
     rates = choose_rates(on_cpu, shape, throughput_file, gpu_check, gpu)
-    layouts = {r: _layout(scale, by_id[r], by_id, shape.hidden) for r in rows}
+    configs: dict[str, Any] = {}
+    layouts = {r: _layout(_row_config(scale, by_id[r], by_id, configs), shape.hidden) for r in rows}
     if any(layouts.values()):
         rates.maxsim = maxsim_throughput(rates, gpu)
     gpus = _devices(c)
@@ -121,6 +144,7 @@ def sweep_estimate(spec_path: str, scale_name: str, rows: Sequence[str], gpu: st
     train.job_wall_s = verdict.wall_s if verdict else job.wall_s
     train.durations = [train.job_wall_s] * len(trained)
     train.device_s = train.job_wall_s * gpus * len(trained)
+    train.per_row = _per_row(trained, configs, shape, gpus, rates, train.job_wall_s, job.eval_s)
     if ev is not None and rescored:
         ev.notes.append(f"{len(rescored)} of the {len(rows)} rows evaluate another row's trained model (scoring_of: "
                         f"{', '.join(rescored)}): counted here by shard, no training; they run as one job per row "
@@ -153,6 +177,8 @@ def format_estimate(stages: Sequence[StageCost], rates: Rates) -> str:
     lines.append(f"  {'total':<6} {sum(s.jobs for s in stages):>5} {sum(s.tokens for s in stages):>10.3g} "
                  f"{sum(s.gpu_hours() for s in stages):>10.1f} {'':>22} {'':>18} "
                  f"{hours(sum(s.wall_s() for s in stages)):>9}")
+    for s in stages:
+        lines += [f"  {line}" for line in s.per_row]
     lines.append("  notes:")
     for s in stages:
         lines += [f"    {s.stage}: {note}" for note in [*s.notes, _concurrency_note(s)] if note]

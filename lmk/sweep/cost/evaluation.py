@@ -16,10 +16,10 @@ from mteb.abstasks.aggregated_task import AbsTaskAggregate
 from lmk.eval.tasks import LOCAL_TASKS
 from lmk.model.shape import EncoderShape
 from lmk.sweep.cost.index import Layout, TaskIndex, task_index
+from lmk.sweep.cost.lengths import CHARS_PER_TOKEN
 from lmk.sweep.cost.stage import StageCost, hours
 from lmk.sweep.cost.throughput import Rates
 
-CHARS_PER_TOKEN = 4.0  # English BPE / WordPiece: about 4 characters per token
 IN_TRAINING = "in training"  # the shard name of a suite the training jobs evaluate themselves
 
 

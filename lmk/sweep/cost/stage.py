@@ -42,6 +42,7 @@ class StageCost:
     limit: str = ""  # the longest job against the launcher's time limit ("" where none applies)
     refusal: str | None = None  # why the longest job cannot finish within its time limit, with the fix
     maxsim: dict[str, list[Any]] = field(default_factory=dict)  # eval: a MaxSim row's index and search per task
+    per_row: list[str] = field(default_factory=list)  # train: each row's GPU-hours padded and at measured lengths
 
     def gpu_hours(self) -> float:
         return self.device_s / 3600.0
