@@ -49,7 +49,7 @@ def model() -> EmbeddingModel:
 @pytest.mark.slow  # a fresh interpreter imports sentence-transformers and transformers: about 20 s
 def test_sentence_transformers_alone_gives_lmks_landmark_states(model: EmbeddingModel, tmp_path: Path) -> None:
     kinds = ("landmarks", "tokens")  # what a query keeps
-    folders = [str(export_multi_vector(model, tmp_path / queries, queries=queries)) for queries in kinds]
+    folders = [str(export_multi_vector(model, tmp_path / queries, maxsim_query=queries)) for queries in kinds]
     (tmp_path / "texts.json").write_text(json.dumps(TEXTS))
     out = tmp_path / "alone"
     out.mkdir()
@@ -66,7 +66,7 @@ def test_sentence_transformers_alone_gives_lmks_landmark_states(model: Embedding
         modules = json.loads((out / f"{i}.modules").read_text())
         assert modules[0].endswith(".landmark_transformer") and modules[1].endswith(".landmark_mask")
         vectors = np.load(out / f"{i}.npz")
-        query_states = encode_states(model, TEXTS, "query", which=queries, batch_size=3)
+        query_states = encode_states(model, TEXTS, "query", maxsim_query=queries, batch_size=3)
         for k in range(len(TEXTS)):
             np.testing.assert_allclose(vectors[f"doc{k}"], docs[k], atol=1e-5, rtol=0)
             np.testing.assert_allclose(vectors[f"query{k}"], query_states[k], atol=1e-5, rtol=0)
@@ -79,9 +79,9 @@ def test_the_mask_module_keeps_what_lmk_scores(model: EmbeddingModel) -> None:
     from lmk.sharing.st_folder import to_multi_vector_encoder
 
     for queries in ("landmarks", "tokens"):
-        mve = to_multi_vector_encoder(model, queries=queries)
+        mve = to_multi_vector_encoder(model, maxsim_query=queries)
         docs = encode_states(model, TEXTS, batch_size=3)
-        query_states = encode_states(model, TEXTS, "query", which=queries, batch_size=3)
+        query_states = encode_states(model, TEXTS, "query", maxsim_query=queries, batch_size=3)
         for k, (d, q) in enumerate(zip(mve.encode_document(TEXTS, batch_size=3), mve.encode_query(TEXTS, batch_size=3),
                                        strict=True)):
             np.testing.assert_allclose(d.numpy(), docs[k], atol=1e-5, rtol=0)

@@ -13,7 +13,9 @@ allowed. The trainer section is Lightning's Trainer signature: its check is pass
     data.py     DataConfig, SourceConfig (group data/)
     eval.py     EvalConfig (group eval/)
     device.py   eval device / precision specs
-    registry.py the names of registered components (poolers, strategies, splitters), from lmk.model.landmark.names
+    registry.py the names of registered components (poolers, strategies, splitters), from lmk.model.landmark.names,
+                and the scorings' (scorings.py); what a scoring needs of a pooling (scoring_refusal)
+    scorings.py the scorings (eval.scoring) and their needs, declared in plain Python
 """
 
 from lmk.config import registry
@@ -22,6 +24,7 @@ from lmk.config.device import check_device, check_precision
 from lmk.config.eval import (
     LENGTHS,
     LOCAL_TASK_NAMES,
+    MAXSIM_QUERIES,
     RULER_DEPTHS,
     RULER_ESSAYS_REPO,
     RULER_HAYSTACKS,
@@ -63,7 +66,7 @@ from lmk.config.schema import (
 )
 
 __all__ = [
-    "CKPT_AUTO", "CKPT_FRESH", "CONF_DIR", "LENGTHS", "LOCAL_TASK_NAMES", "RULES_READ_DEFAULTS", "RULER_DEPTHS",
+    "CKPT_AUTO", "CKPT_FRESH", "CONF_DIR", "LENGTHS", "LOCAL_TASK_NAMES", "MAXSIM_QUERIES", "RULES_READ_DEFAULTS", "RULER_DEPTHS",
     "RULER_ESSAYS_REPO", "RULER_HAYSTACKS",
     "RULER_VARIANTS", "LOCAL_SOURCE", "REPLICA_PREFIX", "Coercible", "ConfigError", "DataConfig", "EncoderConfig",
     "EvalConfig", "EvalConfigError", "PoolingConfig", "RootConfig", "SourceConfig", "TrainSection", "UserError",
