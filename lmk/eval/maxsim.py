@@ -32,7 +32,6 @@ from mteb.types import PromptType
 
 from lmk.eval.encoder import LmkEncoder
 from lmk.eval.scorings import register_scoring
-from lmk.model.landmark.capacity import max_landmarks
 from lmk.model.multi_vector import encode_states, no_landmarks
 from lmk.model.pipeline import NonFiniteEmbeddingError
 
@@ -183,8 +182,7 @@ class LmkMaxSimEncoder(MultiVectorSearchEncoderWrapper, LmkEncoder):
 
     def max_vectors(self) -> int:
         """The most landmark states a document can have at the passage length (lmk.model.landmark.capacity)."""
-        tok = self.model.landmark_tokenizer
-        return max_landmarks(tok.strategy, tok.chunk_size, min(self.passage_max_length, self.model.max_positions))
+        return self.model.landmark_tokenizer.max_landmarks(min(self.passage_max_length, self.model.max_positions))
 
     def _model_meta(self, tag: str | None) -> Any:
         meta = super()._model_meta(tag)
