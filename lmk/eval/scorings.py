@@ -33,6 +33,10 @@ def register_scoring(cls: type) -> type:
         raise ValueError(f"{cls.__qualname__}: a scoring class needs a `name` (what eval.scoring= selects)")
     if name in DECLARED_SCORINGS:
         declared = DECLARED_SCORINGS[name]
+        for need in ("needs_landmarks", "multi_vector"):
+            if need in vars(cls) and vars(cls)[need] != declared[need]:
+                raise ValueError(f"scoring {cls.__qualname__} sets {need}={vars(cls)[need]!r} but DECLARED_SCORINGS "
+                                 f"declares {declared[need]!r} for {name!r}; change the declaration, not the class")
     else:
         declared = declare_scoring(name, module=cls.__module__,
                                    **{k: getattr(cls, k, SCORING_NEEDS[k]) for k in _DECLARED_BY_CLASS})
