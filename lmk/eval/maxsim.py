@@ -168,7 +168,7 @@ class LmkMaxSimEncoder(MultiVectorSearchEncoderWrapper, LmkEncoder):
         self.corpus_chunk_size = max(1, int(block_mb * 2**20) // (self.max_vectors() * model.hidden_size * _BYTES))
 
     @property
-    def query_states(self) -> str:
+    def query_states(self) -> str:  # deprecated alias
         """The old name of `maxsim_query`."""
         warnings.warn("LmkMaxSimEncoder.query_states is deprecated: use maxsim_query", DeprecationWarning, stacklevel=2)
         return self.maxsim_query

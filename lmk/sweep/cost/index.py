@@ -36,7 +36,7 @@ class Layout:
     dim: int
 
     @property
-    def query_states(self) -> str:
+    def query_states(self) -> str:  # deprecated alias
         """The old name of `maxsim_query`."""
         warnings.warn("Layout.query_states is deprecated: use maxsim_query", DeprecationWarning, stacklevel=2)
         return self.maxsim_query
