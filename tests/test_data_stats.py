@@ -59,3 +59,28 @@ def test_the_sentence_strategy_keeps_its_sentences_on_the_prose_task(capsys):
     doc = json.loads(capsys.readouterr().out)["landmarks"]["lmk-sentence"]["minilm"]["LocalProse/test"]["doc"]
     assert doc["split_replaced_share"] == 0.0 and doc["single_landmark_share"] == 0.0
     assert doc["landmarks"]["min"] > 1 and doc["landmarks"]["mean"] > 10
+
+
+def test_landmark_statistics_lay_texts_out_with_the_poolings_placement():
+    """Statistics build the run's own landmark tokenizer (LandmarkTokenizer.from_pooling), placement included: the
+    authors' placement puts a landmark before each chunk, not after it."""
+    import torch
+
+    from lmk.model.embedding import make_tokenizer
+
+    tok = stats.load_tokenizer("minilm")
+    authors_cfg = stats.load_pooling("lmk-fixed-authors")
+    authors, after = stats.landmark_tokenizer(tok, authors_cfg), stats.landmark_tokenizer(tok, stats.load_pooling("lmk-fixed"))
+    assert authors.placement == "authors" and after.placement == "after"
+    text = ["landmarks summarise the chunk of text that comes before them in a document"]
+    laid_out = authors(text, max_length=64)
+    assert not torch.equal(laid_out["pool_mask"], after(text, max_length=64)["pool_mask"])
+    model_tok = make_tokenizer(tok, authors_cfg, 64, 0)  # as training and evaluation build it
+    for key in ("input_ids", "pool_mask"):
+        assert torch.equal(model_tok(text, max_length=64)[key], laid_out[key])
+
+
+def test_corpus_landmark_statistics_report_the_layouts_capacity(capsys):
+    assert stats.main(["prose", "--json", "--sample", "3", "--pooling", "lmk-fixed", "--passage-max-length", "256"]) == 0
+    doc = json.loads(capsys.readouterr().out)["landmarks"]["lmk-fixed-32"]["minilm"]["LocalProse/test"]["doc"]
+    assert doc["max_landmarks"] == 256 // 32 + 2 >= doc["landmarks"]["max"]

@@ -1,9 +1,10 @@
-"""Extending is a recipe: docs/extending.md's pooling recipe, performed exactly as written in a copy of the
-repository, is picked up by the registry, by the tests' parametrisation and by `lmk.train`, with no other file
-touched."""
+"""Extending is a recipe: docs/extending.md's pooling and scoring recipes, performed exactly as written in a copy of
+the repository, are picked up by the registries, by the tests' parametrisation and by `lmk.train` / `lmk.evaluate`,
+with no other file touched."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -21,8 +22,31 @@ PICKED_UP = ("tests/test_pooling.py", "tests/test_registry.py", "tests/test_mode
              "tests/test_analysis.py")
 
 
+POOLING_RECIPE = ["conf/pooling/lmk-max.yaml", "lmk/model/landmark/max_landmark.py", "lmk/model/landmark/names.py"]
+SCORING_RECIPE = ["lmk/config/scorings.py", "lmk/eval/mean_maxsim.py"]
+
+
 def _recipe() -> dict[str, tuple[str | None, str]]:
     return {m["path"]: (m["into"], m["body"]) for m in RECIPE.finditer((ROOT / "docs" / "extending.md").read_text())}
+
+
+def _copy_with(tmp_path: Path, paths: list[str]) -> Path:
+    """A copy of the repository with the recipe's `paths` performed as written."""
+    copy = tmp_path / "repo"
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for part in ("lmk", "conf", "tests", "hydra_plugins", "experiments", "docs"):
+        shutil.copytree(ROOT / part, copy / part, ignore=ignore)
+    shutil.copy(ROOT / "pyproject.toml", copy / "pyproject.toml")
+    recipe = _recipe()
+    assert sorted(recipe) == sorted(POOLING_RECIPE + SCORING_RECIPE), "the recipes: a class and its declaration each"
+    for rel in paths:
+        table, body = recipe[rel]
+        if table:
+            _add_to_table(copy / rel, table, body)
+            continue
+        assert not (copy / rel).exists()
+        (copy / rel).write_text(body)
+    return copy
 
 
 def _add_to_table(path: Path, table: str, lines: str) -> None:
@@ -40,20 +64,7 @@ def _run(args: list[str], cwd: Path, **kw: object) -> subprocess.CompletedProces
 
 @pytest.mark.slow  # a new pooler through training, evaluation and export, each a process of its own
 def test_the_pooling_recipe_is_picked_up_everywhere(tmp_path: Path) -> None:
-    copy = tmp_path / "repo"
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    for part in ("lmk", "conf", "tests", "hydra_plugins", "experiments", "docs"):
-        shutil.copytree(ROOT / part, copy / part, ignore=ignore)
-    shutil.copy(ROOT / "pyproject.toml", copy / "pyproject.toml")
-    recipe = _recipe()
-    assert sorted(recipe) == ["conf/pooling/lmk-max.yaml", "lmk/model/landmark/max_landmark.py",
-                              "lmk/model/landmark/names.py"], "the recipe is one class, its declaration and one YAML"
-    for rel, (table, body) in recipe.items():
-        if table:
-            _add_to_table(copy / rel, table, body)
-            continue
-        assert not (copy / rel).exists()
-        (copy / rel).write_text(body)
+    copy = _copy_with(tmp_path, POOLING_RECIPE)  # one class, its declaration and one YAML
 
     # the registries: the runtime one (the class) and the torch-free declaration config validation reads
     code = ("from lmk.model.landmark import POOLER_CLASSES; from lmk.config import registry\n"
@@ -77,3 +88,39 @@ def test_the_pooling_recipe_is_picked_up_everywhere(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     results = (run_dir / "results.json").read_text()
     assert '"status": "done"' in results and '"pooler": "lmk_max"' in results
+
+
+# the tiny evaluation: an untrained tiny encoder on the local docstring task, on the CPU
+TINY_EVAL = ["model=null", "encoder=tiny-modernbert", "eval=local", "eval.tasks=[LocalShort]",
+             "eval.groups={local-short:[LocalShort]}", "eval.short_n_queries=20", "eval.short_n_docs=60",
+             "eval.query_max_length=24", "eval.passage_max_length=96", "eval.show_progress=false", "eval.device=cpu",
+             "eval.precision=fp32", "eval.workers=0", "logger=none"]
+
+
+@pytest.mark.slow  # a new scoring through validation and a tiny evaluation, each a process of its own
+def test_the_scoring_recipe_is_picked_up_everywhere(tmp_path: Path) -> None:
+    copy = _copy_with(tmp_path, SCORING_RECIPE)  # one class and its declaration
+
+    # the declaration validates torch-free; the class registers under the declared name
+    code = ("import sys\nfrom lmk.config import EvalConfig, registry\n"
+            f"import lmk.config as c; assert c.__file__.startswith({str(copy)!r}), c.__file__\n"
+            "assert EvalConfig(scoring='maxsim_mean').scoring == 'maxsim_mean'\n"
+            "assert registry.declared_scorings()['maxsim_mean']['needs_landmarks'] and 'torch' not in sys.modules\n"
+            "from lmk.eval.scorings import scoring_class\n"
+            "assert scoring_class('maxsim_mean').__name__ == 'MeanMaxSimEncoder'")
+    proc = _run([sys.executable, "-c", code], copy)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+    # a pooling without landmark states is refused from the declared needs, before any model loads
+    proc = _run([sys.executable, "-m", "lmk.evaluate", *TINY_EVAL, "pooling=cls", "eval.scoring=maxsim_mean",
+                 f"hydra.run.dir={tmp_path / 'refused'}"], copy)
+    assert proc.returncode != 0 and "has no landmarks" in proc.stdout + proc.stderr
+
+    # an evaluation with it, through the real command (validation, model, mteb, results.json)
+    run_dir = tmp_path / "eval"
+    proc = _run([sys.executable, "-m", "lmk.evaluate", *TINY_EVAL, "pooling=lmk-fixed", "eval.scoring=maxsim_mean",
+                 f"hydra.run.dir={run_dir}"], copy)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    section = json.loads((run_dir / "results.json").read_text())["eval"]
+    assert section["scoring"] == "maxsim_mean" and section["maxsim_query"] == "landmarks"
+    assert 0 <= section["tasks"]["LocalShort"]["main_score"] <= 1 and "maxsim_search_seconds" in section

@@ -49,7 +49,7 @@ def model() -> EmbeddingModel:
 @pytest.mark.slow  # a fresh interpreter imports sentence-transformers and transformers: about 20 s
 def test_sentence_transformers_alone_gives_lmks_landmark_states(model: EmbeddingModel, tmp_path: Path) -> None:
     kinds = ("landmarks", "tokens")  # what a query keeps
-    folders = [str(export_multi_vector(model, tmp_path / queries, queries=queries)) for queries in kinds]
+    folders = [str(export_multi_vector(model, tmp_path / queries, maxsim_query=queries)) for queries in kinds]
     (tmp_path / "texts.json").write_text(json.dumps(TEXTS))
     out = tmp_path / "alone"
     out.mkdir()
@@ -66,7 +66,7 @@ def test_sentence_transformers_alone_gives_lmks_landmark_states(model: Embedding
         modules = json.loads((out / f"{i}.modules").read_text())
         assert modules[0].endswith(".landmark_transformer") and modules[1].endswith(".landmark_mask")
         vectors = np.load(out / f"{i}.npz")
-        query_states = encode_states(model, TEXTS, "query", which=queries, batch_size=3)
+        query_states = encode_states(model, TEXTS, "query", maxsim_query=queries, batch_size=3)
         for k in range(len(TEXTS)):
             np.testing.assert_allclose(vectors[f"doc{k}"], docs[k], atol=1e-5, rtol=0)
             np.testing.assert_allclose(vectors[f"query{k}"], query_states[k], atol=1e-5, rtol=0)
@@ -79,9 +79,9 @@ def test_the_mask_module_keeps_what_lmk_scores(model: EmbeddingModel) -> None:
     from lmk.sharing.st_folder import to_multi_vector_encoder
 
     for queries in ("landmarks", "tokens"):
-        mve = to_multi_vector_encoder(model, queries=queries)
+        mve = to_multi_vector_encoder(model, maxsim_query=queries)
         docs = encode_states(model, TEXTS, batch_size=3)
-        query_states = encode_states(model, TEXTS, "query", which=queries, batch_size=3)
+        query_states = encode_states(model, TEXTS, "query", maxsim_query=queries, batch_size=3)
         for k, (d, q) in enumerate(zip(mve.encode_document(TEXTS, batch_size=3), mve.encode_query(TEXTS, batch_size=3),
                                        strict=True)):
             np.testing.assert_allclose(d.numpy(), docs[k], atol=1e-5, rtol=0)
@@ -100,19 +100,23 @@ def test_a_pooling_without_landmarks_has_no_multi_vector_export(tmp_path: Path) 
     assert not (tmp_path / "mv").exists()
 
 
-def _finished_run(model: EmbeddingModel, folder: Path, scoring: str | None) -> Path:
-    """A training run folder as lmk.train leaves it (its export, results.json), evaluated with `scoring` on a
-    planted task (run_suite writes the mteb cache the card's scores are read from)."""
+def _planted(docs: list[str] = TEXTS, queries: list[str] = TEXTS) -> RetrievalCorpus:
+    return RetrievalCorpus.from_records("planted", "test", [{"id": f"d{i}", "text": t} for i, t in enumerate(docs)],
+                                        [{"id": f"q{i}", "text": t} for i, t in enumerate(queries)],
+                                        {f"q{i}": {f"d{i}": 1} for i in range(len(queries))})
+
+
+def _finished_run(model: EmbeddingModel, folder: Path, scoring: str | None, corpus: RetrievalCorpus | None = None,
+                  **eval_settings: str) -> Path:
+    """A training run folder as lmk.train leaves it (its export, results.json), evaluated with `scoring` (and
+    `eval_settings`) on a planted task (run_suite writes the mteb cache the card's scores are read from)."""
     export_sentence_transformers(model, folder / "export")
     results = {"status": "done", "command": "train", "config": {"pooling": {"name": "lmk-fixed", "pooler": "lmk"}}}
     if scoring:
-        corpus = RetrievalCorpus.from_records("planted", "test", [{"id": f"d{i}", "text": t} for i, t in enumerate(TEXTS)],
-                                              [{"id": f"q{i}", "text": t} for i, t in enumerate(TEXTS)],
-                                              {f"q{i}": {f"d{i}": 1} for i in range(len(TEXTS))})
         cfg = EvalConfig(name="test", tasks=["LocalShort"], query_max_length=64, passage_max_length=64,
-                         show_progress=False, scoring=scoring)
+                         show_progress=False, scoring=scoring, **eval_settings)
         results["eval"] = run_suite(model, cfg, folder / "mteb_cache", out_dir=folder,
-                                    tasks=[LocalShort({"test": corpus})])
+                                    tasks=[LocalShort({"test": corpus or _planted()})])
     (folder / "results.json").write_text(json.dumps(results))
     return folder
 
@@ -156,3 +160,31 @@ def test_mteb_scores_the_folder_as_lmk_evaluate_maxsim(model: EmbeddingModel, tm
                            raise_error=True).task_results[0].scores["test"][0]
     assert 0 < ours["main_score"] < 1  # not a trivial ranking
     assert theirs["main_score"] == pytest.approx(ours["main_score"], abs=1e-5)
+
+
+def test_a_run_evaluated_with_token_queries_exports_a_folder_whose_scores_equal_its_cards(
+        model: EmbeddingModel, tmp_path: Path) -> None:
+    """A run evaluated with eval.maxsim_query=tokens exports a folder whose sentence-transformers scores equal its
+    card's: the export's queries are their token states, as the run's scores were computed (not its landmarks)."""
+    import mteb
+    from sentence_transformers import MultiVectorEncoder
+
+    docs = ["the cat sat on the warm mat near the kitchen door while the dog slept",
+            "stock markets fell sharply after the bank raised rates", "a recipe for apple pie with cinnamon and butter",
+            "the rocket launched into orbit", "volcanic ash closed airports across europe"]
+    queries = ["where did the cat sit on the mat", "why did stock markets fall", "apple pie recipe with butter",
+               "the rocket orbit", "ash closed the airports"]
+    run = _finished_run(model, tmp_path / "run", "maxsim", _planted(docs, queries), maxsim_query="tokens")
+    card_score = json.loads((run / "results.json").read_text())["eval"]["tasks"]["LocalShort"]["main_score"]
+    pub = write_folder(run, tmp_path / "out", multi_vector=True)
+    assert "`eval.maxsim_query=tokens`" in (pub.folder / "README.md").read_text()
+
+    def folder_score(folder: Path) -> float:
+        mve = MultiVectorEncoder(str(folder), trust_remote_code=True, device="cpu")
+        return mteb.evaluate(mve, LocalShort({"test": _planted(docs, queries)}), cache=None, show_progress_bar=False,
+                             co2_tracker=False, raise_error=True).task_results[0].scores["test"][0]["main_score"]
+
+    assert folder_score(pub.folder) == pytest.approx(card_score, abs=1e-5)
+    # the folder the export wrote before (queries as their landmarks) scores otherwise: the check can fail
+    landmark_queries = export_multi_vector(model, tmp_path / "landmarks", maxsim_query="landmarks")
+    assert folder_score(landmark_queries) != pytest.approx(card_score, abs=1e-5)

@@ -69,8 +69,8 @@ def winning_landmarks(models: Mapping[str, EmbeddingModel], corpora: Mapping[int
             gold = [docs[rc.relevant(q)[0]] for q in rc.queries["id"]]
             doc_states = encode_states(model, [d["text"] for d in gold], "passage", batch_size=batch_size,
                                        max_length=length_cap)
-            query_states = encode_states(model, list(rc.queries["text"]), "query", batch_size=batch_size)
-            for q, d, dv, qv in zip(rc.queries, gold, doc_states, query_states, strict=True):
+            query_vectors = encode_states(model, list(rc.queries["text"]), "query", batch_size=batch_size)
+            for q, d, dv, qv in zip(rc.queries, gold, doc_states, query_vectors, strict=True):
                 index, n = needle_landmark(model, d["text"], d["offset"], d["needle"], length_cap)
                 winners, best = maxsim_winners(qv, dv)
                 winner = int(winners[int(np.argmax(best))])

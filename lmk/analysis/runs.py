@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lmk.config import CONF_DIR, group_file, group_options
+from lmk.config.model import pooling_label
 from lmk.config.paths import in_repo
 from lmk.model.embedding import EmbeddingModel
 from lmk.model.loading import load_model
@@ -43,13 +44,7 @@ def _run_label(run_dir: Path) -> str:
         cfg = json.loads((run_dir / "results.json").read_text()).get("config", {})
         enc = cfg.get("encoder", {}).get("name")
         pool = cfg.get("pooling", {})
-        pname = pool.get("name")
-        if (
-            pname
-            and pool.get("strategy") in ("fixed", "variable", "every_k", "multi_cls")
-            and pool.get("chunk_size")
-        ):
-            pname = f"{pname}-{pool['chunk_size']}"
+        pname = pooling_label(pool) if pool.get("name") else None  # the one row label (chunked: with the chunk size)
         if enc and pname:
             return f"{enc}/{pname}"
     except (OSError, ValueError, AttributeError):

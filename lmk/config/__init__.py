@@ -13,15 +13,18 @@ allowed. The trainer section is Lightning's Trainer signature: its check is pass
     data.py     DataConfig, SourceConfig (group data/)
     eval.py     EvalConfig (group eval/)
     device.py   eval device / precision specs
-    registry.py the names of registered components (poolers, strategies, splitters), from lmk.model.landmark.names
+    registry.py the names of registered components (poolers, strategies, splitters), from lmk.model.landmark.names,
+                and the scorings' (scorings.py); what a scoring needs of a pooling (scoring_refusal)
+    scorings.py the scorings (eval.scoring) and their needs, declared in plain Python
 """
 
-from lmk.config import registry
+from lmk.config import registry, scorings
 from lmk.config.data import LOCAL_SOURCE, REPLICA_PREFIX, DataConfig, SourceConfig, is_named_source
 from lmk.config.device import check_device, check_precision
 from lmk.config.eval import (
     LENGTHS,
     LOCAL_TASK_NAMES,
+    MAXSIM_QUERIES,
     RULER_DEPTHS,
     RULER_ESSAYS_REPO,
     RULER_HAYSTACKS,
@@ -30,7 +33,14 @@ from lmk.config.eval import (
     EvalConfigError,
     no_landmarks_message,
 )
-from lmk.config.model import EncoderConfig, PoolingConfig, check_lora, koehn_languages, validate_splitter
+from lmk.config.model import (
+    EncoderConfig,
+    PoolingConfig,
+    check_lora,
+    koehn_languages,
+    pooling_label,
+    validate_splitter,
+)
 from lmk.config.paths import in_repo, repo_root
 from lmk.config.root import (
     CKPT_AUTO,
@@ -63,12 +73,12 @@ from lmk.config.schema import (
 )
 
 __all__ = [
-    "CKPT_AUTO", "CKPT_FRESH", "CONF_DIR", "LENGTHS", "LOCAL_TASK_NAMES", "RULES_READ_DEFAULTS", "RULER_DEPTHS",
+    "CKPT_AUTO", "CKPT_FRESH", "CONF_DIR", "LENGTHS", "LOCAL_TASK_NAMES", "MAXSIM_QUERIES", "RULES_READ_DEFAULTS", "RULER_DEPTHS",
     "RULER_ESSAYS_REPO", "RULER_HAYSTACKS",
     "RULER_VARIANTS", "LOCAL_SOURCE", "REPLICA_PREFIX", "Coercible", "ConfigError", "DataConfig", "EncoderConfig",
     "EvalConfig", "EvalConfigError", "PoolingConfig", "RootConfig", "SourceConfig", "TrainSection", "UserError",
     "above", "at_least", "call_arguments", "check_device", "check_lora", "check_precision", "choice",
     "derive_seeds", "effective_batch", "get_key", "group_file", "group_options", "hash_neutral", "hash_neutral_keys", "in_repo",
     "is_named_source", "is_user_error", "koehn_languages", "neutral_defaults", "no_landmarks_message", "plain",
-    "registry", "repo_root", "to_container", "validate", "validate_splitter",
+    "pooling_label", "registry", "repo_root", "scorings", "to_container", "validate", "validate_splitter",
 ]

@@ -11,7 +11,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
+from lmk.config import registry
 from lmk.config.device import check_device, check_precision
+from lmk.config.registry import no_landmarks_message as no_landmarks_message  # its old home
 from lmk.config.schema import Coercible, ConfigError, at_least, hash_neutral, plain
 
 # The LongEmbed lengths (in "tokens" = words / 0.75) the synthetic tasks are regenerated at (lmk.data.longembed).
@@ -23,23 +25,17 @@ RULER_HAYSTACKS: tuple[str, ...] = ("auto", "lmk-essays", "paul-graham")
 RULER_DEPTHS: tuple[float, ...] = tuple(round(0.1 * i, 1) for i in range(11))
 RULER_ESSAYS_REPO = "emozilla/PaulGrahamEssays"  # Paul Graham's essays (RULER's haystack) as a hub dataset, "text"
 OVERWRITE_STRATEGIES: tuple[str, ...] = ("only-missing", "always")
-# How a retrieval task scores a query against a document: "single" (one pooled vector each, cosine) or "maxsim"
-# (late interaction over the pooled positions kept apart: lmk.eval.maxsim); and which states a MaxSim query is.
-SCORINGS: tuple[str, ...] = ("single", "maxsim")
-MAXSIM_QUERIES: tuple[str, ...] = ("landmarks", "tokens")
+# How a retrieval task scores a query against a document (`eval.scoring`): declared in lmk.config.scorings (the
+# built-in ones here; `registry.declared_scorings()` has those registered at run time too); and which states a
+# MaxSim query is (the one tuple, also `train.maxsim_query`'s).
+SCORINGS: tuple[str, ...] = tuple(registry.declared_scorings())
+MAXSIM_QUERIES: tuple[str, ...] = registry.MAXSIM_QUERIES
 TASK_OPTION_KEYS: tuple[str, ...] = ("eval_splits", "hf_subsets", "languages")
 # The local tasks (data made offline), by mteb task name: each is an `@local_task` class of lmk.eval.tasks, which
 # refuses a class not declared here; declared torch- and mteb-free, so a misspelt task fails before mteb loads.
 LOCAL_TASK_NAMES: tuple[str, ...] = ("LocalPasskey", "LocalNeedle", "LocalLongDoc", "LocalProse", "LocalShort",
                                      "RulerNiahSingle", "RulerNiahMultiKey", "RulerNiahMultiValue",
                                      "RulerNiahMultiQuery")
-
-
-def no_landmarks_message(pooling: str, pooler: str) -> str:
-    """The one line eval.scoring=maxsim gives for a pooling without landmark states (CLS, mean, latent attention)."""
-    return (f"eval.scoring=maxsim: pooling {pooling!r} (pooler {pooler!r}) has no landmarks: MaxSim scores the landmark "
-            "states an lmk pooler averages; evaluate an LMK pooling (lmk-fixed, lmk-sentence, lmk-variable) or set "
-            "eval.scoring=single")
 
 
 class EvalConfigError(ConfigError):
@@ -99,7 +95,8 @@ class EvalConfig(Coercible):
     show_progress: bool = True
     # single: one vector per text (the pooler's), cosine. maxsim: a document is its landmark states (the positions
     # the lmk pooler averages, L2-normalised each), a query its landmark states (maxsim_query=landmarks) or all its
-    # token states (tokens); score = sum over query vectors of the max over document vectors (needs pooler lmk).
+    # token states (tokens); score = sum over query vectors of the max over document vectors (needs a landmark
+    # pooler). The scorings and their needs: lmk.config.scorings.
     # (added after runs were hashed: hash-neutral at their defaults)
     scoring: str = hash_neutral("single")
     maxsim_query: str = hash_neutral("landmarks")
@@ -153,8 +150,9 @@ class EvalConfig(Coercible):
         self._check_ruler()
         if len(set(self.tasks)) != len(self.tasks):
             raise EvalConfigError(f"eval.tasks={self.tasks!r}: a task is listed twice")
-        if self.scoring not in SCORINGS:
-            raise EvalConfigError(f"eval.scoring={self.scoring!r}: allowed {list(SCORINGS)}")
+        scorings = registry.declared_scorings()  # registered at run time too
+        if self.scoring not in scorings:
+            raise EvalConfigError(f"eval.scoring={self.scoring!r}: allowed {list(scorings)}")
         if self.maxsim_query not in MAXSIM_QUERIES:
             raise EvalConfigError(f"eval.maxsim_query={self.maxsim_query!r}: allowed {list(MAXSIM_QUERIES)}")
         if self.overwrite not in OVERWRITE_STRATEGIES:

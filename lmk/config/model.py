@@ -15,7 +15,7 @@ from importlib import resources
 from typing import Any, ClassVar
 
 from lmk.config import registry
-from lmk.config.schema import Coercible, ConfigError, at_least, hash_neutral, plain
+from lmk.config.schema import Coercible, ConfigError, at_least, get_key, hash_neutral, plain
 
 # Sentence splitters of the `sentence` strategy, as their implementation declares them (lmk.model.landmark.names)
 DEFAULT_LANGUAGE, SPLITTERS, DEFAULT_SPLITTER = registry.DEFAULT_LANGUAGE, registry.SPLITTERS, registry.DEFAULT_SPLITTER
@@ -233,7 +233,16 @@ class PoolingConfig(Coercible):
 
     @property
     def label(self) -> str:
-        """Row label with the chunk size where it matters, e.g. 'lmk-fixed-32', 'cls'."""
-        if registry.strategies()[self.strategy]["chunked"]:
-            return f"{self.name}-{self.chunk_size}"
-        return self.name
+        """Row label with the chunk size where it matters, e.g. 'lmk-fixed-32', 'cls' (`pooling_label`)."""
+        return pooling_label(self)
+
+
+def pooling_label(pooling: Any) -> str:
+    """The row label of a pooling (a PoolingConfig, or its section as a mapping, e.g. a results.json's config): its
+    name, with the chunk size where the strategy's output depends on it (STRATEGY_TRAITS' `chunked`), e.g.
+    'lmk-fixed-32', 'cls'. The one label: runs, tables, analysis and W&B run names use it."""
+    name, strategy = str(get_key(pooling, "name", "") or ""), get_key(pooling, "strategy", None)
+    chunk = get_key(pooling, "chunk_size", None)
+    if chunk and (registry.strategies().get(str(strategy)) or {}).get("chunked"):
+        return f"{name}-{chunk}"
+    return name

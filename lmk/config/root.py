@@ -18,8 +18,9 @@ from typing import Any, ClassVar, Literal
 
 from omegaconf import OmegaConf, open_dict
 
+from lmk.config import registry
 from lmk.config.data import DataConfig
-from lmk.config.eval import EvalConfig, no_landmarks_message
+from lmk.config.eval import EvalConfig
 from lmk.config.model import EncoderConfig, PoolingConfig
 from lmk.config.paths import PACKAGE_DIR, repo_root
 from lmk.config.schema import (
@@ -337,9 +338,11 @@ def _cross_checks(root: RootConfig) -> None:
         raise ConfigError("train.grad_cache=true with trainer.accumulate_grad_batches>1: grad cache already "
                           "reaches large batches; set trainer.accumulate_grad_batches=1")
     _check_monitor(root.train.monitor, root.eval)
-    if root.eval is not None and root.eval.enabled and root.eval.scoring == "maxsim" and root.pooling.pooler != "lmk":
-        # the fit-end evaluation would fail after training: say it now
-        raise ConfigError(no_landmarks_message(root.pooling.label, root.pooling.pooler))
+    if root.eval is not None and root.eval.enabled:
+        # the fit-end evaluation would fail after training: say it now (the scoring's declared needs)
+        why = registry.scoring_refusal(root.eval.scoring, root.pooling.label, root.pooling.pooler, root.pooling.strategy)
+        if why is not None:
+            raise ConfigError(why)
     _check_half_weights(root)
     _check_eval_under_ddp(root)
 

@@ -125,10 +125,15 @@ def load_pooling(spec: str, sets: Sequence[str] = ()) -> PoolingConfig:
 
 
 def landmark_tokenizer(tokenizer: Any, pooling: PoolingConfig) -> LandmarkTokenizer:
-    return LandmarkTokenizer(tokenizer, strategy=pooling.strategy, chunk_size=pooling.chunk_size,
-                             train_chunk_sizes=tuple(pooling.train_chunk_sizes), max_length=None,
-                             language=pooling.language, sentence_splitter=pooling.sentence_splitter,
-                             max_sentence_tokens=pooling.max_sentence_tokens)
+    """The pooling's landmark tokenizer as a run builds it (`LandmarkTokenizer.from_pooling`: placement included)."""
+    return LandmarkTokenizer.from_pooling(tokenizer, pooling)
+
+
+def _with_capacity(figures: dict[str, Any], tokenizer: LandmarkTokenizer, max_length: int) -> dict[str, Any]:
+    """`figures` with the most landmarks a text can have at `max_length` (what MaxSim sizes its corpus chunk by)."""
+    if figures.get("landmarks") is not None:
+        figures["max_landmarks"] = tokenizer.max_landmarks(max_length)
+    return figures
 
 
 def landmark_section(kind: str, data: Any, tokenizers: dict[str, Any], poolings: Sequence[PoolingConfig],
@@ -145,8 +150,10 @@ def landmark_section(kind: str, data: Any, tokenizers: dict[str, Any], poolings:
                                              rows=sample)["rows"]
             else:
                 figures = {f"{c.name}/{c.split}": {
-                    "doc": landmark_stats(lmk_tok, c.corpus["text"][:sample], passage_max_length),
-                    "query": landmark_stats(lmk_tok, c.queries["text"][:sample], query_max_length)}
+                    "doc": _with_capacity(landmark_stats(lmk_tok, c.corpus["text"][:sample], passage_max_length),
+                                          lmk_tok, passage_max_length),
+                    "query": _with_capacity(landmark_stats(lmk_tok, c.queries["text"][:sample], query_max_length),
+                                            lmk_tok, query_max_length)}
                     for c in data.values()}
             out.setdefault(label, {})[name] = figures
     return out

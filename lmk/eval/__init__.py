@@ -6,9 +6,11 @@
     suites.py     suite config -> mteb tasks (names checked, hub tasks pointed at the mirror)
     task_names.py  task names checked before mteb loads (local names declared in lmk.config.eval, mteb's cached)
     tasks.py      local tasks (@local_task): regenerated passkey / needle, long documents, docstrings
-    encoder.py    the mteb encoder adapter around EmbeddingModel
+    encoder.py    the mteb encoder adapter around EmbeddingModel (the `single` scoring)
+    scorings.py   the scoring registry: one class per eval.scoring (@register_scoring), needs declared in
+                  lmk.config.scorings; refusal(scoring, model) from the declared needs
     runner.py     the suite's stages encode_suite (mteb.evaluate per task, resumable cache, per-query scores),
-                  score_suite, record_suite; run_suite runs the three; build_encoder (the scoring)
+                  score_suite, record_suite; run_suite runs the three; build_encoder (the scoring's class)
     maxsim.py     eval.scoring=maxsim: exact blocked MaxSim over landmark states, mteb's multi-vector search
     callback.py   the Lightning callback (suite during / at the end of training)
     score_stats.py  scores as the paper reports them: group means, LongEmbed averaging, paired t-tests
@@ -29,6 +31,7 @@ __all__, _own = interface(__name__, {
     "lmk.eval.maxsim": ("LmkMaxSimEncoder", "NoLandmarksError", "maxsim_blocks", "maxsim_scores",
                          "maxsim_winners"),
     "lmk.eval.runner": ("build_encoder", "run_suite"),
+    "lmk.eval.scorings": ("SCORING_CLASSES", "refusal", "register_scoring", "scoring_class"),
     "lmk.eval.score_stats": ("LONGEMBED6", "group_scores", "load_per_query", "longembed6_score", "paired_ttest",
                          "per_query_scores", "pytrec_measure", "summarize_scores"),
     "lmk.eval.suites": ("build_tasks",),

@@ -26,8 +26,9 @@ import hydra
 from omegaconf import DictConfig
 
 from lmk.config import CONF_DIR, ConfigError
-from lmk.config.eval import EvalConfig, no_landmarks_message
+from lmk.config.eval import EvalConfig
 from lmk.config.model import EncoderConfig, PoolingConfig
+from lmk.config.registry import scoring_needs, scoring_refusal
 from lmk.hub.offline import is_hub_id
 from lmk.run.cli import group_overridden, hydra_task, run_app
 from lmk.run.results import STATUS_DONE, read_results
@@ -61,18 +62,23 @@ def validate_config(cfg: DictConfig) -> None:
 
 
 def check_scoring(cfg: DictConfig) -> None:
-    """eval.scoring=maxsim needs landmark states: a pooling whose pooler is lmk. Checked here where the pooling is
-    known without loading (the pooling config of an untrained or hub model, a cross-pooling, a training run's
-    results.json); the loaded model is checked again before anything is encoded."""
-    if (cfg.get("eval") or {}).get("scoring") != "maxsim":
+    """A scoring that needs landmark states (eval.scoring=maxsim) needs a pooling whose pooler declares them (the
+    declarations, lmk.config.scorings and lmk.model.landmark.names). Checked here where the pooling is known without
+    loading (the pooling config of an untrained or hub model, a cross-pooling, a training run's results.json); the
+    loaded model is checked again before anything is encoded."""
+    scoring = str((cfg.get("eval") or {}).get("scoring", EvalConfig.scoring))
+    if not scoring_needs(scoring)["needs_landmarks"]:
         return
     model, pooling = cfg.get("model"), cfg.get("pooling")
     if model not in (None, "", "null") and not is_hub_id(model) and not group_overridden("pooling"):
         folder = Path(str(model)).expanduser()
         pooling = ((read_results(folder) if folder.is_dir() else {}).get("config") or {}).get("pooling")
-    if not pooling or pooling.get("pooler", "lmk") == "lmk":
+    if not pooling:
         return
-    raise ConfigError(no_landmarks_message(str(pooling.get("name")), str(pooling.get("pooler"))))
+    why = scoring_refusal(scoring, str(pooling.get("name")), str(pooling.get("pooler", PoolingConfig.pooler)),
+                          pooling.get("strategy"))
+    if why is not None:
+        raise ConfigError(why)
 
 
 def check_record_target(model: Any) -> None:

@@ -29,6 +29,7 @@ from mteb.types import PromptType
 
 from lmk.data.landmarks import EVAL_TEXTS, LandmarkTally
 from lmk.eval.score_stats import split_key
+from lmk.eval.scorings import register_scoring
 from lmk.model.device import resolve_precision
 from lmk.model.pipeline import NonFiniteEmbeddingError
 
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
     from mteb.abstasks.task_metadata import TaskMetadata
     from torch.utils.data import DataLoader
 
+    from lmk.config.eval import EvalConfig
     from lmk.model.embedding import EmbeddingModel
 
 logger = logging.getLogger(__name__)
@@ -46,8 +48,36 @@ def _safe(text: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "-" for c in text)
 
 
+@register_scoring
 class LmkEncoder(AbsEncoder):
-    """An `EmbeddingModel` as an mteb encoder (cosine similarity; embeddings are L2-normalised)."""
+    """An `EmbeddingModel` as an mteb encoder (cosine similarity; embeddings are L2-normalised): the `single` scoring
+    (lmk.eval.scorings; its needs are declared in lmk.config.scorings and set here on registration)."""
+
+    name: str = "single"  # eval.scoring=single
+    needs_landmarks: bool = False
+    multi_vector: bool = False
+    describe: str = ""
+    settings: tuple[str, ...] = ()
+    summed: tuple[str, ...] = ()
+
+    @classmethod
+    def options(cls, cfg: EvalConfig) -> dict[str, Any]:
+        """The keyword arguments of this scoring's own `eval.*` settings (none for single)."""
+        return {}
+
+    @classmethod
+    def from_eval(cls, model: EmbeddingModel, cfg: EvalConfig, **kwargs: Any) -> LmkEncoder:
+        """The encoder of this scoring for `model` under the eval config `cfg` (`kwargs`: the settings every scoring
+        takes, e.g. show_progress, tag, precision)."""
+        return cls(model, cfg.query_max_length, cfg.passage_max_length, cfg.batch_size, **cls.options(cfg), **kwargs)
+
+    def record(self) -> dict[str, Any]:
+        """What the eval record says of this scoring beside `scoring` (its `settings` and `summed` keys)."""
+        return {}
+
+    def index_size(self, task: str) -> dict[str, Any] | None:
+        """The index a task's documents make under this scoring (None: one vector per document, no index)."""
+        return None
 
     def __init__(
         self,

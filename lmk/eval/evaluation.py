@@ -32,11 +32,11 @@ from lmk.config.eval import EvalConfig
 from lmk.config.schema import get_key
 from lmk.eval.prepared import attach
 from lmk.eval.runner import Prepared, Scored, encode_suite, record_suite, score_suite
+from lmk.eval.scorings import refusal
 from lmk.eval.suites import build_tasks
 from lmk.hub.artifacts import check_available
 from lmk.model.device import resolve_device, resolve_precision
 from lmk.model.loading import load_model
-from lmk.model.multi_vector import no_landmarks
 from lmk.run.cli import group_overridden
 from lmk.run.quiet_logging import use_hydra_logging
 from lmk.run.results import Timer, config_hash_of, git_commit, update_results
@@ -154,7 +154,7 @@ def _load_model(job: Job) -> tuple[Any, dict[str, Any], bool]:
         model = model.with_pooling(cfg.pooling)
         log.info("cross-pooling: trained with %s, evaluating with %s", trained, model.pooling_cfg.label)
         info["trained_pooling"] = trained
-    why = no_landmarks(model) if job.eval_cfg.scoring == "maxsim" else None
+    why = refusal(job.eval_cfg.scoring, model)  # the scoring's declared needs against the model's pooling
     if why is not None:  # before any text is encoded
         raise ConfigError(why)
     model = model.to(device)

@@ -1,7 +1,8 @@
 """MaxSim scoring (`eval.scoring=maxsim`): a query and a document are sets of L2-normalised vectors, and
 score(q, d) = sum over q's vectors of the max over d's vectors of their dot product (late interaction, ColBERT's
 MaxSim). Documents are their landmark states, queries their landmark states or all their token states
-(`eval.maxsim_query`); the states come from `lmk.model.multi_vector`.
+(`eval.maxsim_query`); the states come from `lmk.model.multi_vector`. `LmkMaxSimEncoder` is the class of the
+`maxsim` scoring (lmk.eval.scorings; its needs are declared in lmk.config.scorings).
 
 `maxsim_scores` is exact: every query is scored against every document, in blocks whose working memory (the
 similarity matrix, its per-document maxima and the block's vectors) stays within `eval.maxsim_block_mb`. No vector
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -29,7 +31,7 @@ from mteb.models.sentence_transformer_wrapper import MultiVectorSearchEncoderWra
 from mteb.types import PromptType
 
 from lmk.eval.encoder import LmkEncoder
-from lmk.model.landmark import STRATEGY_TRAITS
+from lmk.eval.scorings import register_scoring
 from lmk.model.multi_vector import encode_states, no_landmarks
 from lmk.model.pipeline import NonFiniteEmbeddingError
 
@@ -37,6 +39,7 @@ if TYPE_CHECKING:
     from mteb.abstasks.task_metadata import TaskMetadata
     from torch.utils.data import DataLoader
 
+    from lmk.config.eval import EvalConfig
     from lmk.model.embedding import EmbeddingModel
 
 logger = logging.getLogger(__name__)
@@ -139,16 +142,23 @@ def maxsim_winners(query: Any, document: Any) -> tuple[np.ndarray, np.ndarray]:
     return index.numpy(), best.numpy()
 
 
+@register_scoring
 class LmkMaxSimEncoder(MultiVectorSearchEncoderWrapper, LmkEncoder):
-    """lmk's encoder as an mteb multi-vector search model: `_encode` gives each text's normalised states (documents:
-    landmarks; queries: `query_states`), `similarity` is the exact blocked `maxsim_scores`."""
+    """lmk's encoder as an mteb multi-vector search model, the `maxsim` scoring: `_encode` gives each text's normalised
+    states (documents: landmarks; queries: `maxsim_query`), `similarity` is the exact blocked `maxsim_scores`."""
 
-    def __init__(self, model: EmbeddingModel, *args: Any, query_states: str = "landmarks", block_mb: int = 256,
+    name = "maxsim"  # eval.scoring=maxsim; its needs: lmk.config.scorings.DECLARED_SCORINGS["maxsim"]
+
+    def __init__(self, model: EmbeddingModel, *args: Any, maxsim_query: str = "landmarks", block_mb: int = 256,
                  **kwargs: Any) -> None:
-        why = no_landmarks(model)
+        if "query_states" in kwargs:  # its old name
+            warnings.warn("LmkMaxSimEncoder(query_states=...) is deprecated: use maxsim_query=", DeprecationWarning,
+                          stacklevel=2)
+            maxsim_query = kwargs.pop("query_states")
+        why = no_landmarks(model, self.name)
         if why is not None:
             raise NoLandmarksError(why)
-        self.query_states, self.block_mb = query_states, block_mb
+        self.maxsim_query, self.block_mb = maxsim_query, block_mb
         self.search_seconds = 0.0  # MaxSim scoring time (the dry run's search cost beside the encode cost)
         # the index a task's documents make: task -> [documents, landmark vectors] encoded (results.json "index")
         self.index_counts: dict[str, list[int]] = {}
@@ -157,19 +167,29 @@ class LmkMaxSimEncoder(MultiVectorSearchEncoderWrapper, LmkEncoder):
         # landmarks a document can have, not mteb's 50,000
         self.corpus_chunk_size = max(1, int(block_mb * 2**20) // (self.max_vectors() * model.hidden_size * _BYTES))
 
+    @property
+    def query_states(self) -> str:  # deprecated alias
+        """The old name of `maxsim_query`."""
+        warnings.warn("LmkMaxSimEncoder.query_states is deprecated: use maxsim_query", DeprecationWarning, stacklevel=2)
+        return self.maxsim_query
+
+    @classmethod
+    def options(cls, cfg: EvalConfig) -> dict[str, Any]:
+        return {"maxsim_query": cfg.maxsim_query, "block_mb": cfg.maxsim_block_mb}
+
+    def record(self) -> dict[str, Any]:
+        return {"maxsim_query": self.maxsim_query, "maxsim_search_seconds": round(self.search_seconds, 3)}
+
     def max_vectors(self) -> int:
-        """The most landmark states a document can have at the passage length: one pooled position per chunk (and a
-        lead one) for the chunked strategies, one per sentence of at least one token otherwise."""
-        tok = self.model.landmark_tokenizer
-        length = min(self.passage_max_length, self.model.max_positions)
-        return length // tok.chunk_size + 2 if STRATEGY_TRAITS[tok.strategy]["chunked"] else length // 2 + 1
+        """The most landmark states a document can have at the passage length (lmk.model.landmark.capacity)."""
+        return self.model.landmark_tokenizer.max_landmarks(min(self.passage_max_length, self.model.max_positions))
 
     def _model_meta(self, tag: str | None) -> Any:
         meta = super()._model_meta(tag)
         # its own cache identity: MaxSim scores never mix with the single-vector ones of the same weights
         experiment = {**(meta.experiment_kwargs or {}), "scoring": "maxsim"}
-        if self.query_states != "landmarks":
-            experiment["maxsim_query"] = self.query_states
+        if self.maxsim_query != "landmarks":
+            experiment["maxsim_query"] = self.maxsim_query
         return meta.model_copy(update={"experiment_kwargs": experiment, "similarity_fn_name": ScoringFunction.MAX_SIM,
                                        "model_type": ["late-interaction"]})
 
@@ -179,10 +199,10 @@ class LmkMaxSimEncoder(MultiVectorSearchEncoderWrapper, LmkEncoder):
         for batch in inputs:
             texts.extend(batch["text"])
         side = self.side(prompt_type)
-        which = self.query_states if side == "query" else "landmarks"
+        kept = self.maxsim_query if side == "query" else "landmarks"
         start = time.perf_counter()
         try:
-            states = encode_states(self.model, texts, side, which=which, batch_size=self.batch_size,
+            states = encode_states(self.model, texts, side, maxsim_query=kept, batch_size=self.batch_size,
                                    max_length=self.max_length(prompt_type),
                                    max_tokens_per_batch=self.max_tokens_per_batch, precision=self.precision)
         except NonFiniteEmbeddingError as err:
@@ -197,7 +217,7 @@ class LmkMaxSimEncoder(MultiVectorSearchEncoderWrapper, LmkEncoder):
             counts[0] += len(texts)
             counts[1] += vectors
         logger.info("eval %s [%s/%s] %s: %d texts -> %d %s vectors (%.1f per text, %.0f bytes per text) in %.1fs",
-                    task_metadata.name, hf_split, hf_subset, side, len(texts), vectors, which,
+                    task_metadata.name, hf_split, hf_subset, side, len(texts), vectors, kept,
                     vectors / max(len(texts), 1), vectors * self.model.hidden_size * _BYTES / max(len(texts), 1),
                     time.perf_counter() - start)
         return states

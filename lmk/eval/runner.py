@@ -36,9 +36,9 @@ from mteb.abstasks.aggregated_task import AbsTaskAggregate
 from lmk.config.eval import EvalConfig
 from lmk.data.landmarks import flat_summary
 from lmk.eval.encoder import LmkEncoder
-from lmk.eval.maxsim import LmkMaxSimEncoder
 from lmk.eval.prepared import reading
 from lmk.eval.score_stats import group_scores, metric_key, per_query_scores, split_key, summarize_scores
+from lmk.eval.scorings import scoring_class
 from lmk.eval.suites import build_tasks
 from lmk.run.quiet_logging import quiet_progress_bars
 from lmk.run.umask_files import write_json
@@ -268,8 +268,9 @@ def _evaluate_task(task: AbsTask, encoder: LmkEncoder, cache: mteb.ResultCache, 
     info = task.data_info() if hasattr(task, "data_info") else {}
     if info:
         summary["data"] = info  # e.g. a RULER task's haystack and each query's needle depth
-    if isinstance(encoder, LmkMaxSimEncoder) and encoder.index_size(name):
-        summary["index"] = encoder.index_size(name)  # what a landmark index of these documents holds
+    index = encoder.index_size(name)
+    if index:
+        summary["index"] = index  # what a landmark index of these documents holds
     landmarks = _task_landmarks(name, list(summary["splits"]), encoder, store)
     if landmarks:
         summary["landmarks"] = landmarks
@@ -280,14 +281,11 @@ def _evaluate_task(task: AbsTask, encoder: LmkEncoder, cache: mteb.ResultCache, 
 
 
 def build_encoder(model: EmbeddingModel, cfg: EvalConfig, tag: str | None = None) -> LmkEncoder:
-    """The mteb model of `cfg.scoring`: one vector per text (single) or lmk's landmark states under MaxSim."""
+    """The mteb model of `cfg.scoring`: the class registered for it (lmk.eval.scorings: single, maxsim, ...)."""
     kwargs: dict[str, Any] = dict(show_progress=cfg.show_progress, tag=tag, max_tokens_per_batch=cfg.max_tokens_per_batch,
                                   precision=cfg.precision, workers=cfg.workers, prefetch=cfg.prefetch,
                                   query_prompts=cfg.query_prompts)
-    if cfg.scoring == "maxsim":
-        kwargs.update(query_states=cfg.maxsim_query, block_mb=cfg.maxsim_block_mb)
-        return LmkMaxSimEncoder(model, cfg.query_max_length, cfg.passage_max_length, cfg.batch_size, **kwargs)
-    return LmkEncoder(model, cfg.query_max_length, cfg.passage_max_length, cfg.batch_size, **kwargs)
+    return scoring_class(cfg.scoring).from_eval(model, cfg, **kwargs)
 
 
 @dataclass
@@ -379,8 +377,7 @@ def score_suite(encoded: Encoded) -> Scored:
                    passage_max_length=cfg.passage_max_length, n_truncated=encoder.n_truncated,
                    n_encoded=encoder.n_texts, timings=encoded.timings)
     section["scoring"] = cfg.scoring  # which scoring these results used (tables name the block by it)
-    if isinstance(encoder, LmkMaxSimEncoder):
-        section.update(maxsim_query=cfg.maxsim_query, maxsim_search_seconds=round(encoder.search_seconds, 3))
+    section.update(encoder.record())  # the scoring's own settings and timings (its declared settings, summed)
     return Scored(encoded, section)
 
 

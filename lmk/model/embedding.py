@@ -43,18 +43,8 @@ FORMAT_VERSION = 1
 
 
 def make_tokenizer(tokenizer: Any, pooling: PoolingConfig, max_length: int, seed: int) -> LandmarkTokenizer:
-    return LandmarkTokenizer(
-        tokenizer,
-        strategy=pooling.strategy,
-        chunk_size=pooling.chunk_size,
-        train_chunk_sizes=tuple(pooling.train_chunk_sizes),
-        max_length=max_length,
-        seed=seed,
-        language=pooling.language,
-        sentence_splitter=pooling.sentence_splitter,
-        max_sentence_tokens=pooling.max_sentence_tokens,
-        placement=pooling.placement,
-    )
+    """The run's landmark tokenizer (`LandmarkTokenizer.from_pooling`, the one constructor)."""
+    return LandmarkTokenizer.from_pooling(tokenizer, pooling, max_length, seed)
 
 
 def _has_params(module: Any) -> bool:

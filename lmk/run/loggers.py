@@ -27,6 +27,7 @@ from lightning.pytorch.loggers import CSVLogger, Logger, WandbLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.utilities import rank_zero_only
 
+from lmk.config.model import pooling_label
 from lmk.config.schema import get_key as _get
 from lmk.run.console import verbose
 
@@ -151,10 +152,18 @@ def _run_name(logger_cfg: Any, cfg: Any) -> str:
         return str(name)
     base = str(_get(cfg, "name", None) or "run")
     pooling = _get(cfg, "pooling", None)
-    chunk = _get(pooling, "chunk_size", None) if pooling is not None else None
     seed = _get(cfg, "seed", None)
-    parts = [base] + ([f"g{chunk}"] if chunk is not None else []) + ([f"s{seed}"] if seed is not None else [])
-    return "-".join(parts)
+    return _with_label(base, pooling) + (f"-s{seed}" if seed is not None else "")
+
+
+def _with_label(base: str, pooling: Any) -> str:
+    """`base` (the run's name) ending in the pooling's row label (`pooling_label`: the chunk size only where the
+    strategy is chunked), once: a name that ends in the pooling's name gets the label's chunk size."""
+    name = str(_get(pooling, "name", "") or "")
+    label = pooling_label(pooling) if name else ""
+    if not label or base.endswith(label):
+        return base
+    return base + label[len(name):] if base.endswith(name) else f"{base}-{label}"
 
 
 WANDB_ID_FILE = "wandb_run_id"  # <run_dir>/wandb_run_id: the W&B run a resumed run continues

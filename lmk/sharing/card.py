@@ -16,6 +16,7 @@ import mteb
 import yaml
 from huggingface_hub import EvalResult, ModelCardData
 
+from lmk.config.registry import declared_scorings, strategies
 from lmk.eval.tasks import LOCAL_TASK_CLASSES
 from lmk.run.results import Results
 from lmk.sharing.mteb_model import PAPER
@@ -103,7 +104,7 @@ def _pooling(model: EmbeddingModel) -> str:
              f"(pooling mode) `{pool.pooler if pool else type(model.pooler).__name__}`"]
     if tok.strategy == "none":
         return "\n".join(lines)
-    if tok.strategy in ("fixed", "variable", "every_k", "multi_cls"):
+    if strategies()[tok.strategy]["chunked"]:
         lines.append(f"- chunk size (`landmark_interval`) {tok.chunk_size}" + (
             f"; in training drawn per text from {list(tok.train_chunk_sizes)} (`train_landmark_interval`)"
             if tok.strategy == "variable" else ""))
@@ -190,13 +191,14 @@ results = mteb.evaluate(model, mteb.get_tasks(tasks=["SciFact"]))
 def _scoring(results: Results, multi_vector: bool) -> str:
     """Which scoring the card's scores used (results.json's eval record), and what the folder's vectors are."""
     scored = results.eval.scoring if results.eval.tasks else None
-    how = {"single": "`eval.scoring=single`: one vector per text (the mean of its landmark states), cosine",
-           "maxsim": "`eval.scoring=maxsim`: each text's landmark states, MaxSim"}
-    lines = [f"Scores computed with {how.get(scored, repr(scored))}."] if scored else []
+    declared = declared_scorings().get(scored) if scored else None
+    how = f"`eval.scoring={scored}`: {declared['describe']}" if declared else repr(scored)
+    query = results.eval.extra.get("maxsim_query")
+    lines = [f"Scores computed with {how}" + (f" (`eval.maxsim_query={query}`)." if query else ".")] if scored else []
     if multi_vector:
         lines.append("This folder is a multi-vector model (sentence-transformers `MultiVectorEncoder`): it gives "
                      "each text's landmark states, scored by MaxSim.")
-        if scored == "single":
+        if declared is not None and not declared["multi_vector"]:
             lines.append("Its MaxSim scores: `python -m lmk.evaluate model=<run> eval.scoring=maxsim record=true`, "
                          "then export again.")
     return " ".join(lines)

@@ -35,6 +35,7 @@ from mteb.results import TaskResult
 
 from lmk.config import UserError
 from lmk.config.model import EncoderConfig
+from lmk.config.registry import declared_scorings
 from lmk.hub.push import Pushed, check_push, push_folder
 from lmk.model.backbone import package_model_path
 from lmk.model.loading import load_model as load_run_model
@@ -218,6 +219,14 @@ def write_folder(run_dir: str | Path, out: str | Path, *, repo_id: str | None = 
     return Publication(out, meta, row)
 
 
+def _maxsim_query(section: EvalRecord | None) -> str:
+    """Which states a query is in the multi-vector export: as the run's multi-vector scores were computed
+    (results.json's eval.maxsim_query), else its landmarks."""
+    if section is None or not section.tasks or not declared_scorings().get(section.scoring, {}).get("multi_vector"):
+        return "landmarks"
+    return str(section.extra.get("maxsim_query") or "landmarks")
+
+
 def _write(run_dir: Path, folder: Path, model: Any, results: Results, section: EvalRecord | None, *, out: Path,
            repo_id: str | None, table: str | Path | None, license_: str | None, base: str | None,
            multi_vector: bool = False) -> tuple[ModelMeta, TableRow | None]:
@@ -227,9 +236,11 @@ def _write(run_dir: Path, folder: Path, model: Any, results: Results, section: E
         length = min(int(section.passage_max_length or model.max_positions), model.max_positions)
         scored = {"query_max_length": min(int(section.query_max_length or length), model.max_positions),
                   "passage_max_length": length}
-    export = export_multi_vector if multi_vector else export_sentence_transformers
     try:
-        export(model, folder, max_length=length, scored_at=scored)
+        if multi_vector:  # the states the card's scores used: a query's as the run's eval.maxsim_query
+            export_multi_vector(model, folder, max_length=length, scored_at=scored, maxsim_query=_maxsim_query(section))
+        else:
+            export_sentence_transformers(model, folder, max_length=length, scored_at=scored)
     except ValueError as err:  # a pooling without landmarks has no multi-vector form
         raise PublishError(f"{run_dir}: {err}") from None
     encoder = model.encoder_cfg

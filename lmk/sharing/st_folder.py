@@ -24,6 +24,7 @@ import json
 import os
 import shutil
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -97,34 +98,49 @@ def export_sentence_transformers(model: EmbeddingModel, path: str | os.PathLike,
     return path
 
 
+def _query_option(maxsim_query: str | None, queries: str | None) -> str:
+    """`maxsim_query`, or its old keyword name `queries` (kept working)."""
+    if queries is not None:
+        warnings.warn("queries= is deprecated here: use maxsim_query= (the export's LandmarkVectorMask keeps `queries`)",
+                      DeprecationWarning, stacklevel=3)
+        return queries
+    return maxsim_query or "landmarks"
+
+
 def to_multi_vector_encoder(model: EmbeddingModel, max_length: int | None = None,
-                            scored_at: dict[str, int] | None = None, queries: str = "landmarks") -> Any:
+                            scored_at: dict[str, int] | None = None, maxsim_query: str | None = None, *,
+                            queries: str | None = None) -> Any:
     """A sentence-transformers MultiVectorEncoder sharing `model`'s backbone and tokenizer: the landmark input module,
     `LandmarkVectorMask` (documents keep their landmark states; queries theirs, or all tokens with
-    `queries="tokens"`) and sentence-transformers' own per-vector `Normalize`, scored by MaxSim."""
+    `maxsim_query="tokens"`, the mask's `queries`) and sentence-transformers' own per-vector `Normalize`, scored by
+    MaxSim. The pooling needs landmark states (a pooler that declares `needs_pool_mask`), not a given pooler."""
     # sentence-transformers >= 6 only (MultiVectorEncoder): the single-vector path keeps working with 5.x
     from sentence_transformers import MultiVectorEncoder
     from sentence_transformers.base.modules import Normalize  # same: 6.x's module path
 
+    maxsim_query = _query_option(maxsim_query, queries)
     why = no_landmarks(model)
     if why is not None:
         raise ValueError(why.replace("eval.scoring=maxsim", "a multi-vector export", 1))
     first = to_sentence_transformer(model, max_length=max_length, scored_at=scored_at)[0]
-    modules = [first, LandmarkVectorMask(queries), Normalize(module_input_name="token_embeddings")]
+    modules = [first, LandmarkVectorMask(queries=maxsim_query), Normalize(module_input_name="token_embeddings")]
     return MultiVectorEncoder(modules=modules, device=str(model.device), similarity_fn_name="maxsim")
 
 
 def export_multi_vector(model: EmbeddingModel, path: str | os.PathLike, max_length: int | None = None,
-                        scored_at: dict[str, int] | None = None, queries: str = "landmarks") -> Path:
+                        scored_at: dict[str, int] | None = None, maxsim_query: str | None = None, *,
+                        queries: str | None = None) -> Path:
     """Write a sentence-transformers MultiVectorEncoder folder that carries its code (see `to_multi_vector_encoder`):
     `MultiVectorEncoder(path, trust_remote_code=True)` gives a text's normalised landmark states, the vectors lmk's
-    `eval.scoring=maxsim` scores with; `load_exported` reads it back as the LMK single-vector model of the same
-    states."""
+    `eval.scoring=maxsim` scores with (`maxsim_query`: which states a query is, as `eval.maxsim_query`);
+    `load_exported` reads it back as the LMK single-vector model of the same states."""
     path = Path(path)
-    mve = to_multi_vector_encoder(model, max_length=max_length, scored_at=scored_at, queries=queries)
+    maxsim_query = _query_option(maxsim_query, queries)
+    mve = to_multi_vector_encoder(model, max_length=max_length, scored_at=scored_at, maxsim_query=maxsim_query)
     mve.save(str(path), create_model_card=False)
     _carry_code(path, mve)
-    (path / "README.md").write_text(_MV_README.format(name=model.name, max_len=mve[0].max_seq_length, queries=queries,
+    (path / "README.md").write_text(_MV_README.format(name=model.name, max_len=mve[0].max_seq_length,
+                                                      queries=maxsim_query,
                                                       pooling=json.dumps(model.pooling_cfg.to_dict()),
                                                       needs=needed_packages(model.landmark_tokenizer)))
     return path

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from lmk.config.eval import EvalConfig
+from lmk.config.registry import declared_scorings
 from lmk.eval.score_stats import group_scores
 from lmk.eval.tasks import LOCAL_TASKS
 from lmk.run.results import STATUS_DONE, Results, update_results
@@ -100,7 +101,7 @@ def merge(rows: Sequence[str], train_dir: str | Path, eval_dir: str | Path, suit
         timings: dict[str, float] = {}
         status: dict[str, str] = {}
         meta: dict[str, Any] = {}
-        search_s = 0.0
+        summed: dict[str, float] = {}
         for shard in shards:
             folder = Path(eval_dir) / f"{row}{SEP}{shard}"
             raw = _read(folder / "results.json")
@@ -121,9 +122,12 @@ def merge(rows: Sequence[str], train_dir: str | Path, eval_dir: str | Path, suit
                 per_query.update(_read(folder / section.per_query))
             meta = {k: getattr(section, k) for k in ("model", "fingerprint", "query_max_length", "passage_max_length",
                                                      "scoring") if getattr(section, k) is not None}
-            if section.scoring == "maxsim":  # which states a query was, and the search time over every shard
-                meta["maxsim_query"] = section.extra.get("maxsim_query")
-                search_s += float(section.extra.get("maxsim_search_seconds") or 0.0)
+            # the scoring's own record (its declared settings, e.g. which states a query was) and its timings summed
+            # over every shard (e.g. the MaxSim search)
+            declared = declared_scorings().get(section.scoring) or {}
+            meta.update({k: section.extra.get(k) for k in declared.get("settings", ())})
+            for key in declared.get("summed", ()):
+                summed[key] = summed.get(key, 0.0) + float(section.extra.get(key) or 0.0)
             status[shard] = STATUS_DONE
         report[row] = status
         if not tasks:
@@ -133,7 +137,7 @@ def merge(rows: Sequence[str], train_dir: str | Path, eval_dir: str | Path, suit
         section = {"suite": suite.name, "tasks": tasks, "groups": groups,
                    "group_tasks": {g: list(m) for g, m in suite.groups.items()}, "per_query": "per_query.json",
                    "timings": timings, "stage": {"shards": status, "model_fingerprint": fp}, **meta,
-                   **({"maxsim_search_seconds": round(search_s, 3)} if meta.get("scoring") == "maxsim" else {})}
+                   **{k: round(v, 3) for k, v in summed.items()}}
         update_results(run, eval=section)
         missing = [s for s, st in status.items() if st != STATUS_DONE]
         log.info("eval stage: row %s merged %d/%d shards%s", row, len(shards) - len(missing), len(shards),

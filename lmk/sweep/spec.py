@@ -14,6 +14,8 @@ from typing import Any
 import yaml
 
 from lmk.config import CONF_DIR, UserError, group_file, group_options
+from lmk.config.model import PoolingConfig
+from lmk.config.registry import scoring_refusal
 from lmk.run.cpu_kernels import switches
 
 CONTEXTS = ("short", "long")
@@ -229,8 +231,14 @@ def validate_spec(spec: TableSpec, scale_name: str, conf_dir: Path = CONF_DIR,
 
 
 def pooler_of(pooling: str, conf_dir: Path = CONF_DIR) -> str:
-    """The pooler a `conf/pooling/` option uses (lmk: landmark states, which MaxSim scores)."""
-    return str(group_file("pooling", pooling, conf_dir).get("pooler", "lmk"))
+    """The pooler a `conf/pooling/` option uses (its declared needs say whether it has landmark states)."""
+    return str(group_file("pooling", pooling, conf_dir).get("pooler", PoolingConfig.pooler))
+
+
+def _row_scoring(overrides: list[str]) -> str | None:
+    """The scoring a row's `eval.scoring=NAME` override sets (None: the suite's)."""
+    found = [o.split("=", 1)[1] for o in overrides if o.lstrip("+").startswith("eval.scoring=")]
+    return found[-1] if found else None
 
 
 def check_scoring_row(spec: TableSpec, row: Row, conf_dir: Path = CONF_DIR) -> None:
@@ -243,7 +251,14 @@ def check_scoring_row(spec: TableSpec, row: Row, conf_dir: Path = CONF_DIR) -> N
     if bad:
         raise SpecError(f"row {row.id!r}: a scoring_of row evaluates {row.scoring_of!r}'s trained model, so its overrides "
                         f"are evaluation settings (eval.*) only; move {bad} to a row of its own")
-    sibling = spec.row(row.scoring_of).pooling
-    if "eval.scoring=maxsim" in row.overrides and sibling is not None and pooler_of(sibling, conf_dir) != "lmk":
-        raise SpecError(f"row {row.id!r}: eval.scoring=maxsim scores landmark states, and {row.scoring_of!r} (pooling "
-                        f"{sibling!r}) has none; name an LMK row in scoring_of")
+    sibling, scoring = spec.row(row.scoring_of).pooling, _row_scoring(row.overrides)
+    if scoring is None or sibling is None:
+        return
+    pooling = group_file("pooling", sibling, conf_dir)
+    try:
+        why = scoring_refusal(scoring, sibling, pooler_of(sibling, conf_dir), pooling.get("strategy"))
+    except ValueError:  # a scoring not declared in this process: the job's own validation names the declared ones
+        return
+    if why is not None:
+        raise SpecError(f"row {row.id!r}: eval.scoring={scoring} scores landmark states, and {row.scoring_of!r} "
+                        f"(pooling {sibling!r}) has none; name an LMK row in scoring_of")

@@ -1,6 +1,7 @@
 """The landmark code every exported model carries: tokenization, poolers and the sentence-transformers input module.
 
     names.py                 the registered names: poolers (and their needs), strategies, splitters; plain Python
+    capacity.py              what a layout implies for a text's landmark count (most, expected); plain Python
     layouts.py               where each token of a row goes (numpy), truncation after insertion
     koehn_splitter.py, sentences.py   the sentence splitters of the `sentence` strategy
     tokenization.py          LandmarkTokenizer (strategies none / fixed / variable / sentence / every_k / multi_cls)
@@ -43,10 +44,11 @@ _DEFINED_IN = {
     "check_splitter": "sentences", "multilingual_backend": "sentences", "split_sentences": "sentences",
     "koehn_splitter": "koehn_splitter",
     "STRATEGIES": "tokenization", "LandmarkTokenizer": "tokenization",
-    "LandmarkVectorMask": "landmark_mask", "VECTORS": "landmark_mask", "vector_mask": "landmark_mask",
+    "LandmarkVectorMask": "landmark_mask", "MAXSIM_QUERIES": "names", "vector_mask": "landmark_mask",
+    "capacity": "capacity", "max_landmarks": "capacity", "expected_landmarks": "capacity",
 }
 __all__ = sorted(_DEFINED_IN)
-_OLD_NAMES = {"POOLERS": "POOLER_CLASSES"}  # old names kept working, each with a DeprecationWarning
+_OLD_NAMES = {"POOLERS": "POOLER_CLASSES", "VECTORS": "MAXSIM_QUERIES"}  # old names kept working, each with a DeprecationWarning
 
 
 def load_all() -> None:

@@ -48,6 +48,10 @@ STRATEGY_TRAITS: Mapping[str, Mapping[str, bool]] = {
 PLACEMENTS = ("after", "authors")
 PLACED_STRATEGIES = ("fixed", "variable")
 
+# Which states a multi-vector (MaxSim) query is: its landmark states or every token's (a document: its landmarks). The
+# one tuple of the option: `eval.maxsim_query` (lmk.config.eval re-exports it), `LandmarkVectorMask(queries=...)`
+MAXSIM_QUERIES: tuple[str, ...] = ("landmarks", "tokens")
+
 # The sentence splitters of the `sentence` strategy (sentences.py)
 SPLITTERS = ("koehn", "multilingual", "sentencex")
 DEFAULT_LANGUAGE = "en"

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .capacity import max_landmarks
 from .layouts import STRATEGY_TRAITS, chunked_layout, pack, plain_layout, sentence_layout, with_prompt
 from .names import PLACED_STRATEGIES, PLACEMENTS
 from .sentences import DEFAULT_LANGUAGE, DEFAULT_SPLITTER, check_splitter, split_sentences
@@ -279,6 +280,21 @@ class LandmarkTokenizer:
             "max_sentence_tokens": self._max_sentence_tokens,
             **placed,
         }
+
+    def max_landmarks(self, length: int) -> int:
+        """The most landmark states a text can have at `length` tokens under this layout (capacity.max_landmarks)."""
+        return max_landmarks(self._strategy, self._chunk_size, length)
+
+    @classmethod
+    def from_pooling(cls, tokenizer: Any, pooling: Any, max_length: int | None = None, seed: int = 0
+                     ) -> LandmarkTokenizer:
+        """The landmark tokenizer of a run's pooling (any object with lmk's PoolingConfig attributes: strategy,
+        chunk_size, train_chunk_sizes, language, sentence_splitter, max_sentence_tokens, placement) over the encoder's
+        Hugging Face `tokenizer`: the one constructor training, evaluation, statistics and export build it with."""
+        return cls(tokenizer, strategy=pooling.strategy, chunk_size=pooling.chunk_size,
+                   train_chunk_sizes=tuple(pooling.train_chunk_sizes), max_length=max_length, seed=seed,
+                   language=pooling.language, sentence_splitter=pooling.sentence_splitter,
+                   max_sentence_tokens=pooling.max_sentence_tokens, placement=pooling.placement)
 
     @classmethod
     def from_config(cls, tokenizer: Any, cfg: Mapping[str, Any], prefix_dir: str | None = None) -> LandmarkTokenizer:

@@ -13,16 +13,17 @@ every query and document, run on the eval job's device in float32 (`Rates.maxsim
 
 from __future__ import annotations
 
-import math
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from lmk.model.landmark import STRATEGY_TRAITS
+from lmk.config.registry import declared_scorings
+from lmk.model.landmark.capacity import TOKENS_PER_SENTENCE, expected_landmarks
+from lmk.model.landmark.names import STRATEGY_TRAITS
 from lmk.sweep.cost.stage import hours
 
 VECTOR_BYTES = 4  # float32: the vectors lmk.eval.maxsim scores
-TOKENS_PER_SENTENCE = 24.0  # English prose: about 24 tokens a sentence (assumed), for the sentence strategy
 
 
 @dataclass(frozen=True)
@@ -31,32 +32,33 @@ class Layout:
 
     strategy: str
     chunk_size: int
-    query_states: str  # landmarks | tokens
+    maxsim_query: str  # landmarks | tokens
     dim: int
+
+    @property
+    def query_states(self) -> str:  # deprecated alias
+        """The old name of `maxsim_query`."""
+        warnings.warn("Layout.query_states is deprecated: use maxsim_query", DeprecationWarning, stacklevel=2)
+        return self.maxsim_query
 
     @classmethod
     def of(cls, c: Mapping[str, Any], dim: int) -> Layout | None:
-        """The layout of a composed job config whose evaluation scores by MaxSim; None for single-vector scoring."""
+        """The layout of a composed job config whose evaluation scores by several vectors per text (a scoring declared
+        `multi_vector`, lmk.config.scorings); None for single-vector scoring."""
         ev, pooling = c.get("eval") or {}, c.get("pooling") or {}
-        if ev.get("scoring") != "maxsim":
+        if not declared_scorings().get(str(ev.get("scoring", "single")), {}).get("multi_vector"):
             return None
         return cls(str(pooling.get("strategy")), int(pooling.get("chunk_size") or 1),
                    str(ev.get("maxsim_query", "landmarks")), dim)
 
     def landmarks(self, tokens: float, max_length: int) -> float:
         """Landmark vectors of a text of `tokens` content tokens cut at `max_length` (landmarks included)."""
-        if STRATEGY_TRAITS[self.strategy]["chunked"]:
-            marks = math.ceil(tokens / self.chunk_size)
-            if 1 + tokens + marks <= max_length:  # the leading token, the text and its landmarks fit
-                return float(max(1, marks))
-            # a text cut at max_length keeps its leading token and whole chunks, each with its landmark
-            return float(max(1, (max_length - 1) // (self.chunk_size + 1)))
-        return max(1.0, math.ceil(min(tokens, max_length) / TOKENS_PER_SENTENCE))
+        return expected_landmarks(self.strategy, self.chunk_size, tokens, max_length)
 
     def describe(self) -> str:
         docs = (f"a landmark every {self.chunk_size} tokens" if STRATEGY_TRAITS[self.strategy]["chunked"]
                 else f"one landmark per sentence (~{TOKENS_PER_SENTENCE:g} tokens each, assumed)")
-        return f"{docs}, {self.dim} x float32 per vector, queries as their {self.query_states}"
+        return f"{docs}, {self.dim} x float32 per vector, queries as their {self.maxsim_query}"
 
 
 @dataclass(frozen=True)
@@ -95,7 +97,7 @@ def task_index(task: str, parts: Sequence[tuple[float, float]], layout: Layout, 
     docs = doc_vectors = queries = query_vectors = flops = 0.0
     for (n_d, t_d), (n_q, t_q) in zip(parts[::2], parts[1::2], strict=True):
         per_doc = layout.landmarks(t_d, passage_max_length)
-        per_query = max(1.0, t_q) if layout.query_states == "tokens" else layout.landmarks(t_q, query_max_length)
+        per_query = max(1.0, t_q) if layout.maxsim_query == "tokens" else layout.landmarks(t_q, query_max_length)
         docs, doc_vectors = docs + n_d, doc_vectors + n_d * per_doc
         queries, query_vectors = queries + n_q, query_vectors + n_q * per_query
         flops += 2.0 * layout.dim * (n_q * per_query) * (n_d * per_doc)  # every query vector x document vector
