@@ -19,7 +19,7 @@ from typing import Any, ClassVar, Literal
 from omegaconf import OmegaConf, open_dict
 
 from lmk.config.data import DataConfig
-from lmk.config.eval import EvalConfig, no_landmarks_message
+from lmk.config.eval import MAXSIM_SCORINGS, EvalConfig, no_landmarks_message
 from lmk.config.model import EncoderConfig, PoolingConfig
 from lmk.config.paths import PACKAGE_DIR, repo_root
 from lmk.config.schema import (
@@ -337,7 +337,7 @@ def _cross_checks(root: RootConfig) -> None:
         raise ConfigError("train.grad_cache=true with trainer.accumulate_grad_batches>1: grad cache already "
                           "reaches large batches; set trainer.accumulate_grad_batches=1")
     _check_monitor(root.train.monitor, root.eval)
-    if root.eval is not None and root.eval.enabled and root.eval.scoring == "maxsim" and root.pooling.pooler != "lmk":
+    if root.eval is not None and root.eval.enabled and root.eval.scoring in MAXSIM_SCORINGS and root.pooling.pooler != "lmk":
         # the fit-end evaluation would fail after training: say it now
         raise ConfigError(no_landmarks_message(root.pooling.label, root.pooling.pooler))
     _check_half_weights(root)

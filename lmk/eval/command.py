@@ -26,7 +26,7 @@ import hydra
 from omegaconf import DictConfig
 
 from lmk.config import CONF_DIR, ConfigError
-from lmk.config.eval import EvalConfig, no_landmarks_message
+from lmk.config.eval import MAXSIM_SCORINGS, EvalConfig, no_landmarks_message
 from lmk.config.model import EncoderConfig, PoolingConfig
 from lmk.hub.offline import is_hub_id
 from lmk.run.cli import group_overridden, hydra_task, run_app
@@ -64,7 +64,7 @@ def check_scoring(cfg: DictConfig) -> None:
     """eval.scoring=maxsim needs landmark states: a pooling whose pooler is lmk. Checked here where the pooling is
     known without loading (the pooling config of an untrained or hub model, a cross-pooling, a training run's
     results.json); the loaded model is checked again before anything is encoded."""
-    if (cfg.get("eval") or {}).get("scoring") != "maxsim":
+    if (cfg.get("eval") or {}).get("scoring") not in MAXSIM_SCORINGS:
         return
     model, pooling = cfg.get("model"), cfg.get("pooling")
     if model not in (None, "", "null") and not is_hub_id(model) and not group_overridden("pooling"):

@@ -28,7 +28,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from lmk.config import ConfigError, derive_seeds
-from lmk.config.eval import EvalConfig
+from lmk.config.eval import MAXSIM_SCORINGS, EvalConfig
 from lmk.config.schema import get_key
 from lmk.eval.prepared import attach
 from lmk.eval.runner import Prepared, Scored, encode_suite, record_suite, score_suite
@@ -154,7 +154,7 @@ def _load_model(job: Job) -> tuple[Any, dict[str, Any], bool]:
         model = model.with_pooling(cfg.pooling)
         log.info("cross-pooling: trained with %s, evaluating with %s", trained, model.pooling_cfg.label)
         info["trained_pooling"] = trained
-    why = no_landmarks(model) if job.eval_cfg.scoring == "maxsim" else None
+    why = no_landmarks(model) if job.eval_cfg.scoring in MAXSIM_SCORINGS else None
     if why is not None:  # before any text is encoded
         raise ConfigError(why)
     model = model.to(device)

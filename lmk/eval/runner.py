@@ -35,6 +35,7 @@ from mteb.abstasks.aggregated_task import AbsTaskAggregate
 
 from lmk.config.eval import EvalConfig
 from lmk.data.landmarks import flat_summary
+from lmk.eval.compressed_maxsim import LmkCompressedMaxSimEncoder
 from lmk.eval.encoder import LmkEncoder
 from lmk.eval.maxsim import LmkMaxSimEncoder
 from lmk.eval.prepared import reading
@@ -287,6 +288,11 @@ def build_encoder(model: EmbeddingModel, cfg: EvalConfig, tag: str | None = None
     if cfg.scoring == "maxsim":
         kwargs.update(query_states=cfg.maxsim_query, block_mb=cfg.maxsim_block_mb)
         return LmkMaxSimEncoder(model, cfg.query_max_length, cfg.passage_max_length, cfg.batch_size, **kwargs)
+    if cfg.scoring == "maxsim-compressed":
+        kwargs.update(query_states=cfg.maxsim_query, block_mb=cfg.maxsim_block_mb, bits=cfg.maxsim_bits,
+                      centroids=cfg.maxsim_centroids or None, rerank=cfg.maxsim_rerank, seed=cfg.seed)
+        return LmkCompressedMaxSimEncoder(model, cfg.query_max_length, cfg.passage_max_length, cfg.batch_size,
+                                          **kwargs)
     return LmkEncoder(model, cfg.query_max_length, cfg.passage_max_length, cfg.batch_size, **kwargs)
 
 
@@ -381,6 +387,9 @@ def score_suite(encoded: Encoded) -> Scored:
     section["scoring"] = cfg.scoring  # which scoring these results used (tables name the block by it)
     if isinstance(encoder, LmkMaxSimEncoder):
         section.update(maxsim_query=cfg.maxsim_query, maxsim_search_seconds=round(encoder.search_seconds, 3))
+    if isinstance(encoder, LmkCompressedMaxSimEncoder):  # the index's settings and its build time (k-means, codes)
+        section.update(maxsim_bits=cfg.maxsim_bits, maxsim_centroids=cfg.maxsim_centroids,
+                       maxsim_rerank=cfg.maxsim_rerank, maxsim_index_seconds=round(encoder.index_seconds, 3))
     return Scored(encoded, section)
 
 

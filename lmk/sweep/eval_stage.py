@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lmk.config.eval import EvalConfig
+from lmk.config.eval import MAXSIM_SCORINGS, EvalConfig
 from lmk.eval.score_stats import group_scores
 from lmk.eval.tasks import LOCAL_TASKS
 from lmk.run.results import STATUS_DONE, Results, update_results
@@ -121,7 +121,7 @@ def merge(rows: Sequence[str], train_dir: str | Path, eval_dir: str | Path, suit
                 per_query.update(_read(folder / section.per_query))
             meta = {k: getattr(section, k) for k in ("model", "fingerprint", "query_max_length", "passage_max_length",
                                                      "scoring") if getattr(section, k) is not None}
-            if section.scoring == "maxsim":  # which states a query was, and the search time over every shard
+            if section.scoring in MAXSIM_SCORINGS:  # which states a query was, and the search time over every shard
                 meta["maxsim_query"] = section.extra.get("maxsim_query")
                 search_s += float(section.extra.get("maxsim_search_seconds") or 0.0)
             status[shard] = STATUS_DONE
@@ -133,7 +133,7 @@ def merge(rows: Sequence[str], train_dir: str | Path, eval_dir: str | Path, suit
         section = {"suite": suite.name, "tasks": tasks, "groups": groups,
                    "group_tasks": {g: list(m) for g, m in suite.groups.items()}, "per_query": "per_query.json",
                    "timings": timings, "stage": {"shards": status, "model_fingerprint": fp}, **meta,
-                   **({"maxsim_search_seconds": round(search_s, 3)} if meta.get("scoring") == "maxsim" else {})}
+                   **({"maxsim_search_seconds": round(search_s, 3)} if meta.get("scoring") in MAXSIM_SCORINGS else {})}
         update_results(run, eval=section)
         missing = [s for s, st in status.items() if st != STATUS_DONE]
         log.info("eval stage: row %s merged %d/%d shards%s", row, len(shards) - len(missing), len(shards),

@@ -244,6 +244,7 @@ def check_scoring_row(spec: TableSpec, row: Row, conf_dir: Path = CONF_DIR) -> N
         raise SpecError(f"row {row.id!r}: a scoring_of row evaluates {row.scoring_of!r}'s trained model, so its overrides "
                         f"are evaluation settings (eval.*) only; move {bad} to a row of its own")
     sibling = spec.row(row.scoring_of).pooling
-    if "eval.scoring=maxsim" in row.overrides and sibling is not None and pooler_of(sibling, conf_dir) != "lmk":
+    maxsim = any(o in row.overrides for o in ("eval.scoring=maxsim", "eval.scoring=maxsim-compressed"))
+    if maxsim and sibling is not None and pooler_of(sibling, conf_dir) != "lmk":
         raise SpecError(f"row {row.id!r}: eval.scoring=maxsim scores landmark states, and {row.scoring_of!r} (pooling "
                         f"{sibling!r}) has none; name an LMK row in scoring_of")
