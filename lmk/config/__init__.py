@@ -22,6 +22,7 @@ from lmk.config.device import check_device, check_precision
 from lmk.config.eval import (
     LENGTHS,
     LOCAL_TASK_NAMES,
+    MAXSIM_SCORINGS,
     RULER_DEPTHS,
     RULER_ESSAYS_REPO,
     RULER_HAYSTACKS,
@@ -63,7 +64,7 @@ from lmk.config.schema import (
 )
 
 __all__ = [
-    "CKPT_AUTO", "CKPT_FRESH", "CONF_DIR", "LENGTHS", "LOCAL_TASK_NAMES", "RULES_READ_DEFAULTS", "RULER_DEPTHS",
+    "CKPT_AUTO", "CKPT_FRESH", "CONF_DIR", "LENGTHS", "LOCAL_TASK_NAMES", "MAXSIM_SCORINGS", "RULES_READ_DEFAULTS", "RULER_DEPTHS",
     "RULER_ESSAYS_REPO", "RULER_HAYSTACKS",
     "RULER_VARIANTS", "LOCAL_SOURCE", "REPLICA_PREFIX", "Coercible", "ConfigError", "DataConfig", "EncoderConfig",
     "EvalConfig", "EvalConfigError", "PoolingConfig", "RootConfig", "SourceConfig", "TrainSection", "UserError",

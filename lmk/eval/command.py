@@ -25,8 +25,8 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig
 
-from lmk.config import CONF_DIR, ConfigError
-from lmk.config.eval import MAXSIM_SCORINGS, EvalConfig, no_landmarks_message
+from lmk.config import CONF_DIR, MAXSIM_SCORINGS, ConfigError
+from lmk.config.eval import EvalConfig, no_landmarks_message
 from lmk.config.model import EncoderConfig, PoolingConfig
 from lmk.hub.offline import is_hub_id
 from lmk.run.cli import group_overridden, hydra_task, run_app

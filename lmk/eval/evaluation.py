@@ -27,8 +27,8 @@ from typing import Any
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from lmk.config import ConfigError, derive_seeds
-from lmk.config.eval import MAXSIM_SCORINGS, EvalConfig
+from lmk.config import MAXSIM_SCORINGS, ConfigError, derive_seeds
+from lmk.config.eval import EvalConfig
 from lmk.config.schema import get_key
 from lmk.eval.prepared import attach
 from lmk.eval.runner import Prepared, Scored, encode_suite, record_suite, score_suite

@@ -40,7 +40,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lmk.config.eval import MAXSIM_SCORINGS, EvalConfig
+from lmk.config import MAXSIM_SCORINGS
+from lmk.config.eval import EvalConfig
 from lmk.eval.score_stats import group_scores
 from lmk.eval.tasks import LOCAL_TASKS
 from lmk.run.results import STATUS_DONE, Results, update_results
