@@ -30,6 +30,7 @@ SECTIONS: dict[str, str] = {
     "roofline": "benchmarks.bench_roofline",
     "gpu": "benchmarks.bench_gpu",
     "refusal": "benchmarks.bench_refusal",
+    "maxsim": "benchmarks.bench_maxsim",
 }
 REPORT_JSON, REPORT_MD = "bench.json", "bench.md"
 SCHEMA_VERSION = 2  # 2: figures carry "verdict" and "ci"

@@ -184,6 +184,22 @@ def test_refusal_section_times_each_refused_setting(report):
         assert fig["details"]["ratio_samples"] == [t / GOAL_S for t in fig["details"]["times_s"]]
 
 
+def test_maxsim_section_compares_exact_and_compressed_search(report):
+    """Queries/s of both searches from paired repeats, code bytes per document against float32, and the compressed
+    top 10's recall of the exact one (a fraction)."""
+    from benchmarks.bench_maxsim import SIZES
+
+    p = SIZES["tiny"]
+    speed = _fig(report, "maxsim", "MaxSim search (exact against compressed): queries/s")
+    assert speed["ours"] > 0 and speed["peer"] > 0 and len(speed["details"]["ratio_samples"]) == p["repeats"]
+    size = _fig(report, "maxsim", "MaxSim index: bytes per document (codes; codebook apart)")
+    # 2-bit residuals of a 64-wide vector are 16 bytes, its id one byte (at most 256 centroids for 400 vectors)
+    assert size["ours"] == p["per_doc"] * (p["dim"] * 2 // 8 + 1) and size["peer"] == p["per_doc"] * p["dim"] * 4
+    assert size["passed"] is True
+    recall = _fig(report, "maxsim", "compressed top 10: recall of the exact top 10")
+    assert 0.0 <= recall["ours"] <= 1.0
+
+
 def test_report_structure(report, tmp_path):
     assert report["size"] == "tiny" and set(report["sections"]) == set(SECTIONS)
     assert all(s["status"] == "ok" for s in report["sections"].values()), report["sections"]

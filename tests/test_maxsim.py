@@ -165,7 +165,7 @@ def test_a_training_run_without_landmarks_fails_before_loading(tmp_path: Path) -
 
 
 def test_scoring_settings_are_validated_and_hash_only_when_not_default() -> None:
-    with pytest.raises(EvalConfigError, match=r"eval.scoring='late': allowed \['single', 'maxsim'\]"):
+    with pytest.raises(EvalConfigError, match=r"eval.scoring='late': allowed \['single', 'maxsim', 'maxsim-compressed'\]"):
         cfg(scoring="late")
     with pytest.raises(EvalConfigError, match="eval.maxsim_query='words'"):
         cfg(maxsim_query="words")

@@ -12,7 +12,7 @@ from transformers import AutoTokenizer
 from lmk.model import decoder_tokenizer
 from lmk.model.landmark import LandmarkTokenizer
 from lmk.sweep.cost.estimate import format_estimate, sweep_estimate
-from lmk.sweep.cost.index import Layout, task_index
+from lmk.sweep.cost.index import Layout, compressed_index_bytes, task_index
 from lmk.sweep.jobs import plan, rescore_block
 from lmk.sweep.spec import load_spec
 
@@ -44,6 +44,18 @@ def test_index_bytes_and_search_flops_by_hand() -> None:
     tokens = task_index("T", parts, Layout("fixed", 64, "tokens", 8), 128, 512, 1e3, 5.0)
     assert tokens.vectors_per_query == pytest.approx((4 * 10 + 2 * 70) / 6)  # every token state of a query
     assert "T: 15 docs x 2.3 vectors = 75 B/doc, 1.1 KB" in idx.line() and "(encode 0.1 min)" in idx.line()
+    # compressed: 35 vectors (35 centroids, auto) of 2 bytes of 2-bit residuals and a one-byte id, the codebook beside
+    assert compressed_index_bytes(idx, layout) == 35 * (2 + 1) + 4 * (35 * 8 + 2 * 4 - 1)
+
+
+def test_a_compressed_rows_layout_reads_its_bits() -> None:
+    conf = {"pooling": {"strategy": "fixed", "chunk_size": 32}, "eval": {"scoring": "maxsim-compressed",
+                                                                          "maxsim_bits": 4}}
+    layout = Layout.of(conf, 768)
+    assert layout is not None and layout.compressed and layout.bits == 4
+    assert "768-wide vectors as 4-bit residual codes" in layout.describe()
+    assert Layout.of({**conf, "eval": {"scoring": "maxsim"}}, 768) == Layout("fixed", 32, "landmarks", 768)
+    assert Layout.of({**conf, "eval": {"scoring": "single"}}, 768) is None
 
 
 def test_a_maxsim_rows_job_scores_its_rows_model_its_own_way() -> None:
@@ -74,6 +86,10 @@ def test_the_dry_run_prints_a_maxsim_rows_index_and_search_beside_the_encode(tmp
     text = format_estimate([train, ev], rates)
     assert "MaxSim index and search of lmk-fixed-64-maxsim (a landmark every 64 tokens, 4096 x float32" in text
     assert "MultiLongDocRetrieval: 200,000 docs x" in text and "MaxSim search: exact, float32 on the eval GPU" in text
+    # the compressed index's size beside the float32 one: 4096 wide at 2 bits is 1,024 bytes and an id (~16x less)
+    line = next(ln for ln in text.splitlines() if "all tasks: index" in ln)
+    assert "compressed (2-bit residual codes + centroid ids" in line and "x less)" in line
+    assert 14 < float(line.split("(")[-1].split("x less")[0]) < 16.1
     plain = format_estimate(*sweep_estimate(DECODER, "paper", ["lmk-fixed-64"], gpu="H100",
                                             gpu_check=tmp_path / "absent.json"))
     assert "MaxSim" not in plain

@@ -30,6 +30,7 @@ OVERWRITE_STRATEGIES: tuple[str, ...] = ("only-missing", "always")
 # MaxSim query is (the one tuple, also `train.maxsim_query`'s).
 SCORINGS: tuple[str, ...] = tuple(registry.declared_scorings())
 MAXSIM_QUERIES: tuple[str, ...] = registry.MAXSIM_QUERIES
+MAXSIM_BITS: tuple[int, ...] = (1, 2, 4, 8)  # maxsim-compressed: residual bits per dimension (lmk.eval.residual_codes)
 TASK_OPTION_KEYS: tuple[str, ...] = ("eval_splits", "hf_subsets", "languages")
 # The local tasks (data made offline), by mteb task name: each is an `@local_task` class of lmk.eval.tasks, which
 # refuses a class not declared here; declared torch- and mteb-free, so a misspelt task fails before mteb loads.
@@ -103,6 +104,11 @@ class EvalConfig(Coercible):
     # MiB of working memory one MaxSim block may take (similarities + the block's vectors); the scores do not depend
     # on it (exact search)
     maxsim_block_mb: int = hash_neutral(256, ge=1)
+    # maxsim-compressed: residual bits per dimension, k-means centroids (0: auto, 2^floor(log2(16 sqrt(vectors)))),
+    # and the candidates per query re-scored over their decoded vectors (lmk.eval.compressed_maxsim)
+    maxsim_bits: int = hash_neutral(2)
+    maxsim_centroids: int = hash_neutral(0, ge=0)
+    maxsim_rerank: int = hash_neutral(100, ge=1)
     # What the training job itself evaluates (the eval callback): "all" the suite, "none" (the sweep's eval
     # stage evaluates the trained model as separate jobs, lmk.sweep.eval_stage), or a list of group names (a small
     # dev subset).
@@ -155,6 +161,8 @@ class EvalConfig(Coercible):
             raise EvalConfigError(f"eval.scoring={self.scoring!r}: allowed {list(scorings)}")
         if self.maxsim_query not in MAXSIM_QUERIES:
             raise EvalConfigError(f"eval.maxsim_query={self.maxsim_query!r}: allowed {list(MAXSIM_QUERIES)}")
+        if self.maxsim_bits not in MAXSIM_BITS:
+            raise EvalConfigError(f"eval.maxsim_bits={self.maxsim_bits!r}: allowed {list(MAXSIM_BITS)}")
         if self.overwrite not in OVERWRITE_STRATEGIES:
             raise EvalConfigError(f"eval.overwrite={self.overwrite!r}: allowed {list(OVERWRITE_STRATEGIES)}")
         # `eval.tasks=[...]` on the command line runs a subset of a suite: groups with none of their tasks

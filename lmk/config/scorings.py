@@ -10,7 +10,9 @@ outside lmk declares its own name and needs from its class attributes when it re
   describe: how the scores are computed, one phrase (the model card says it);
   settings: keys of the eval record that say how it scored (the same in every shard of an eval stage);
   summed: keys of the eval record summed over an eval stage's shards (seconds);
-  module: where its class lives (imported when the scoring is first asked for).
+  module: where its class lives (imported when the scoring is first asked for);
+  code_bits: the eval key of the bits per dimension its index stores each vector in as residual codes ("": float32
+    vectors): the cost model sizes its index from it.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 SCORING_NEEDS: dict[str, Any] = {"needs_landmarks": False, "multi_vector": False, "describe": "", "settings": (),
-                                 "summed": (), "module": ""}  # what a scoring that declares none has
+                                 "summed": (), "module": "", "code_bits": ""}  # what a scoring that declares none has
 
 DECLARED_SCORINGS: dict[str, dict[str, Any]] = {
     "single": {**SCORING_NEEDS, "describe": "one vector per text (the pooler's), cosine",
@@ -26,6 +28,13 @@ DECLARED_SCORINGS: dict[str, dict[str, Any]] = {
     "maxsim": {**SCORING_NEEDS, "needs_landmarks": True, "multi_vector": True,
                "describe": "each text's landmark states (a query's: `eval.maxsim_query`), MaxSim",
                "settings": ("maxsim_query",), "summed": ("maxsim_search_seconds",), "module": "lmk.eval.maxsim"},
+    "maxsim-compressed": {**SCORING_NEEDS, "needs_landmarks": True, "multi_vector": True,
+                          "describe": "each text's landmark states, MaxSim over a compressed index (each document "
+                                      "vector a centroid id and `eval.maxsim_bits`-bit residual codes; the top "
+                                      "`eval.maxsim_rerank` candidates re-scored over their decoded vectors)",
+                          "settings": ("maxsim_query", "maxsim_bits", "maxsim_centroids", "maxsim_rerank"),
+                          "summed": ("maxsim_search_seconds", "maxsim_index_seconds"),
+                          "module": "lmk.eval.compressed_maxsim", "code_bits": "maxsim_bits"},
 }
 
 

@@ -12,6 +12,8 @@
     runner.py     the suite's stages encode_suite (mteb.evaluate per task, resumable cache, per-query scores),
                   score_suite, record_suite; run_suite runs the three; build_encoder (the scoring's class)
     maxsim.py     eval.scoring=maxsim: exact blocked MaxSim over landmark states, mteb's multi-vector search
+    compressed_maxsim.py  eval.scoring=maxsim-compressed: MaxSim over residual codes, top candidates re-scored
+    residual_codes.py  residual compression of unit vectors (k-means centroid id + quantized residual)
     callback.py   the Lightning callback (suite during / at the end of training)
     score_stats.py  scores as the paper reports them: group means, LongEmbed averaging, paired t-tests
     replicas.py   offline replicas of the paper's eval datasets in their hub layout
@@ -28,6 +30,9 @@ __all__, _own = interface(__name__, {
     "lmk.eval.command": ("cli", "validate_config"),
     "lmk.eval.encoder": ("LmkEncoder",),
     "lmk.eval.replicas": ("REPLICAS", "Sizes", "replica_fingerprint", "task_dataset", "write_replicas"),
+    "lmk.eval.compressed_maxsim": ("CompressedIndex", "LmkCompressedMaxSimEncoder", "centroid_scores",
+                                    "compressed_search"),
+    "lmk.eval.residual_codes": ("ResidualCodec", "auto_centroids", "codebook_bytes", "kmeans", "vector_bytes"),
     "lmk.eval.maxsim": ("LmkMaxSimEncoder", "NoLandmarksError", "maxsim_blocks", "maxsim_scores",
                          "maxsim_winners"),
     "lmk.eval.runner": ("build_encoder", "run_suite"),

@@ -26,7 +26,7 @@ __all__, __getattr__ = interface(__name__, {
     "lmk.sweep.cost.estimate": ("check_sweep", "format_estimate", "print_sweep_estimate", "sweep_estimate",
                                 "training_time_report"),
     "lmk.sweep.cost.evaluation": ("CHARS_PER_TOKEN", "eval_cost"),
-    "lmk.sweep.cost.index": ("Layout", "TaskIndex", "task_index"),
+    "lmk.sweep.cost.index": ("Layout", "TaskIndex", "compressed_index_bytes", "task_index"),
     "lmk.sweep.cost.lengths": ("Lengths", "job_lengths", "laid_out", "measure_source", "profile_lengths"),
     "lmk.sweep.cost.limits": ("TimeLimit", "eval_verdict", "training_verdict"),
     "lmk.sweep.cost.measured": ("RowHours", "format_rows", "row_hours"),

@@ -15,7 +15,7 @@ from mteb.abstasks.aggregated_task import AbsTaskAggregate
 
 from lmk.eval.tasks import LOCAL_TASKS
 from lmk.model.shape import EncoderShape
-from lmk.sweep.cost.index import Layout, TaskIndex, task_index
+from lmk.sweep.cost.index import Layout, TaskIndex, compressed_index_bytes, task_index
 from lmk.sweep.cost.lengths import CHARS_PER_TOKEN
 from lmk.sweep.cost.stage import StageCost, hours
 from lmk.sweep.cost.throughput import Rates
@@ -141,6 +141,8 @@ def _maxsim(cost: StageCost, suite: Any, parts: Mapping[str, Sequence[tuple[floa
                           f"beside the encode time (the same forward as a single-vector row)")
         cost.notes += [f"  {i.line()}" for i in indexes]
         total = sum(i.index_bytes for i in indexes)
+        compressed = sum(compressed_index_bytes(i, layout) for i in indexes)
         cost.notes.append(f"  all tasks: index {total / 1e9:.1f} GB, search {hours(sum(i.search_s for i in indexes))} "
-                          f"per row")
+                          f"per row; compressed ({layout.bits}-bit residual codes + centroid ids, "
+                          f"eval.scoring=maxsim-compressed): {compressed / 1e9:.1f} GB ({total / compressed:.1f}x less)")
     return search

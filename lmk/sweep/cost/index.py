@@ -9,6 +9,12 @@ chunks), one per sentence for the sentence strategy (at an assumed
 TOKENS_PER_SENTENCE), every token for a query when `eval.maxsim_query=tokens`. A vector is the model's hidden size in
 float32 (what lmk.eval.maxsim holds). The search is exact: 2 x dim FLOPs per (query vector, document vector) pair over
 every query and document, run on the eval job's device in float32 (`Rates.maxsim_flops_per_s`).
+
+The compressed index (`eval.scoring=maxsim-compressed`, lmk.eval.compressed_maxsim) holds each vector as a centroid
+id and `eval.maxsim_bits` bits per dimension (`compressed_index_bytes`: PLAID's centroid count per task, from its
+vectors, and its float32 codebook); it is printed beside the float32 index of every MaxSim row (at 2 bits where the
+row scores exactly). Its search is costed as the exact one (an upper bound: its candidates stage multiplies by the
+centroids, not by every document vector).
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lmk.config.registry import declared_scorings
+from lmk.eval.residual_codes import auto_centroids, codebook_bytes, vector_bytes
 from lmk.model.landmark.capacity import TOKENS_PER_SENTENCE, expected_landmarks
 from lmk.model.landmark.names import STRATEGY_TRAITS
 from lmk.sweep.cost.stage import hours
@@ -34,6 +41,8 @@ class Layout:
     chunk_size: int
     maxsim_query: str  # landmarks | tokens
     dim: int
+    bits: int = 2  # the compressed index's residual bits (the scoring's declared `code_bits` key)
+    compressed: bool = False  # the row's scoring stores residual codes
 
     @property
     def query_states(self) -> str:  # deprecated alias
@@ -46,10 +55,13 @@ class Layout:
         """The layout of a composed job config whose evaluation scores by several vectors per text (a scoring declared
         `multi_vector`, lmk.config.scorings); None for single-vector scoring."""
         ev, pooling = c.get("eval") or {}, c.get("pooling") or {}
-        if not declared_scorings().get(str(ev.get("scoring", "single")), {}).get("multi_vector"):
+        declared = declared_scorings().get(str(ev.get("scoring", "single")), {})
+        if not declared.get("multi_vector"):
             return None
+        bits_key = declared.get("code_bits") or ""
         return cls(str(pooling.get("strategy")), int(pooling.get("chunk_size") or 1),
-                   str(ev.get("maxsim_query", "landmarks")), dim)
+                   str(ev.get("maxsim_query", "landmarks")), dim, int(ev.get(bits_key, 2)) if bits_key else 2,
+                   bool(bits_key))
 
     def landmarks(self, tokens: float, max_length: int) -> float:
         """Landmark vectors of a text of `tokens` content tokens cut at `max_length` (landmarks included)."""
@@ -58,7 +70,9 @@ class Layout:
     def describe(self) -> str:
         docs = (f"a landmark every {self.chunk_size} tokens" if STRATEGY_TRAITS[self.strategy]["chunked"]
                 else f"one landmark per sentence (~{TOKENS_PER_SENTENCE:g} tokens each, assumed)")
-        return f"{docs}, {self.dim} x float32 per vector, queries as their {self.maxsim_query}"
+        stored = (f"{self.dim}-wide vectors as {self.bits}-bit residual codes" if self.compressed
+                  else f"{self.dim} x float32 per vector")
+        return f"{docs}, {stored}, queries as their {self.maxsim_query}"
 
 
 @dataclass(frozen=True)
@@ -81,6 +95,15 @@ class TaskIndex:
                 f"{_size(self.bytes_per_doc)}/doc, {_size(self.index_bytes)}; {self.queries:,.0f} queries x "
                 f"{self.vectors_per_query:.1f} vectors; search {self.search_flops:.2g} FLOP, {hours(self.search_s)} "
                 f"(encode {hours(self.encode_s)})")
+
+
+def compressed_index_bytes(index: TaskIndex, layout: Layout) -> float:
+    """Bytes of `index`'s documents as residual codes at `layout.bits` (lmk.eval.residual_codes): per vector its
+    packed residual and centroid id, at the centroid count eval.maxsim_centroids=0 picks from the task's vectors,
+    plus the task's float32 codebook."""
+    vectors = index.documents * index.vectors_per_doc
+    k = auto_centroids(round(vectors))
+    return vectors * vector_bytes(layout.dim, layout.bits, k) + codebook_bytes(layout.dim, layout.bits, k)
 
 
 def _size(n: float) -> str:
