@@ -2,7 +2,8 @@
 
 They come from the landmark package's plain-Python declarations (`lmk.model.landmark.names`): importing that module
 loads no torch, and the implementations take their declarations from the same tables. A pooler registered at run
-time (`@register_pooler` on a class outside lmk) declares itself there, so it counts here from then on.
+time (`@register_pooler` on a class outside lmk) declares itself there, so it counts here from then on. The training
+objectives are declared in this layer (`lmk.config.objectives`), read the same way.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
+from lmk.config import objectives
 from lmk.model.landmark import names
 
 # The sentence splitters of the `sentence` strategy (lmk.model.landmark.sentences)
@@ -37,3 +39,9 @@ def poolers() -> dict[str, dict[str, Any]]:
 def strategies() -> dict[str, dict[str, bool]]:
     """{strategy name: traits} of every tokenization strategy (lmk.model.landmark.names.STRATEGY_TRAITS)."""
     return {name: dict(traits) for name, traits in names.STRATEGY_TRAITS.items()}
+
+
+def declared_objectives() -> dict[str, dict[str, Any]]:
+    """{objective name: declared needs} of every training objective (lmk.config.objectives.DECLARED_OBJECTIVES), those
+    registered at run time included: a copy, torch-free. The classes are `lmk.train.objectives.OBJECTIVE_CLASSES`."""
+    return objectives.declared_objectives()
