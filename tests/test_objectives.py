@@ -253,3 +253,94 @@ def test_the_card_line_names_the_objective():
     assert describe_objective({"tau": 0.02}) == "single-vector InfoNCE (tau 0.02)"  # a run from before the key
     assert describe_objective({"objective": "maxsim", "maxsim_query": "landmarks", "maxsim_tau": 0.05}) == (
         "MaxSim InfoNCE (query landmark states against passage landmark states, maxsim_tau 0.05)")
+
+
+# ---- cross-device: the module's gather of multi-vector passages, on two emulated ranks ----------------------------
+class _Ranks:
+    """Lightning's `all_gather` for rank `rank` of two: each call returns the [2, ...] stack of what both ranks pass
+    (the other rank's tensors given in call order), with gradients to this rank's own part."""
+
+    def __init__(self, rank: int, other_calls: list[torch.Tensor]) -> None:
+        self.rank, self.other, self.seen = rank, list(other_calls), []
+
+    def __call__(self, t: torch.Tensor, sync_grads: bool = False) -> torch.Tensor:
+        self.seen.append(t.detach().clone())
+        other = self.other.pop(0)
+        return torch.stack([t, other] if self.rank == 0 else [other, t])
+
+
+def test_the_gather_pads_each_rank_to_the_widest_and_equals_one_process():
+    """Two ranks whose passage states differ in width (2 and 5 vectors): each rank's loss over the gathered passages
+    (padded to 5, mask beside, this rank's offset) averages to the loss of one process over the whole batch, and
+    so do the gradients (the states are leaves; with sync_grads the other rank's part would get its own)."""
+    from lmk.train.embeddings import pad_width
+    from lmk.train.module import ContrastiveModule
+
+    b, g = 2, 2
+    q, q_mask, p, p_mask = _vectors(2 * b, g, lq=3, lp=5, seed=3)
+    p_mask[: b * g, 2:] = False  # rank 0's passages keep at most 2 vectors: its states are 2 wide
+    qn, pn = F.normalize(q, dim=-1), F.normalize(p, dim=-1)
+    local = [((qn[r * b:(r + 1) * b], q_mask[r * b:(r + 1) * b]),
+              (pn[r * b * g:(r + 1) * b * g, : 2 if r == 0 else 5], p_mask[r * b * g:(r + 1) * b * g, : 2 if r == 0 else 5]))
+             for r in range(2)]
+    whole = maxsim_info_nce((qn, q_mask), (pn, p_mask), tau=0.05, group_size=g)
+    want = torch.autograd.grad(whole, [q, p], retain_graph=True)
+
+    class OnRank(ContrastiveModule):
+        rank = 0
+        global_rank = property(lambda self: self.rank)
+
+        def _world(self) -> int:
+            return 2
+
+    module = OnRank(nn.Identity(), tau=0.05, objective="maxsim", maxsim_tau=0.05)
+    total = 0.0
+    for r in range(2):
+        other_states, other_mask = pad_width(local[1 - r][1], 5)
+        module.rank = r
+        module.all_gather = _Ranks(r, [torch.tensor(local[1 - r][1][0].shape[1]), other_states,
+                                       other_mask.to(torch.uint8)])
+        total = total + module.compute_loss(*local[r]) / 2
+        assert module.all_gather.seen[1].shape[1] == 5  # padded to the widest rank before the gather
+    torch.testing.assert_close(total, whole, atol=1e-6, rtol=1e-6)
+    got = torch.autograd.grad(total, [q, p])
+    for a, w in zip(got, want, strict=True):
+        torch.testing.assert_close(a, w, atol=1e-6, rtol=1e-5)
+
+
+# ---- the command ---------------------------------------------------------------------------------------------------
+def _train(tmp_path, *overrides: str):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import forked_cli
+
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline", "TOKENIZERS_PARALLELISM": "false"}
+    cmd = [sys.executable, "-m", "lmk.train", "experiment=table2-tiny", f"hydra.run.dir={tmp_path / 'run'}", *overrides]
+    root = Path(__file__).resolve().parents[1]
+    proc = forked_cli.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    assert isinstance(proc, subprocess.CompletedProcess)
+    return proc
+
+
+def test_a_tiny_run_trains_with_the_maxsim_objective_and_records_it(tmp_path):
+    import json
+
+    proc = _train(tmp_path, "pooling=lmk-fixed", "train.objective=maxsim", "++row=maxsim")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert res["status"] == "done" and res["metrics"]["global_step"] == 2
+    assert res["config"]["train"]["objective"] == "maxsim" and res["config"]["train"]["maxsim_query"] == "landmarks"
+    assert describe_objective(res["config"]["train"]).startswith("MaxSim InfoNCE (query landmark states")
+
+
+def test_validation_refuses_the_maxsim_objective_with_a_pooling_without_landmarks(tmp_path):
+    import time
+
+    start = time.perf_counter()
+    proc = _train(tmp_path, "pooling=cls", "train.objective=maxsim")
+    assert proc.returncode != 0
+    assert "train.objective=maxsim: pooling 'cls'" in proc.stderr and "train.objective=single" in proc.stderr
+    assert not (tmp_path / "run" / "checkpoints").exists() and time.perf_counter() - start < 60
