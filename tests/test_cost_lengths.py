@@ -99,7 +99,7 @@ def test_the_jobs_path_objective_and_the_maxsim_score_cost() -> None:
     c = {"data": {"batch_size": 4, "group_size": 2, "query_max_length": 16, "passage_max_length": 64},
          "train": {"grad_cache": True, "grad_cache_chunk": 2}, "pooling": {"strategy": "fixed", "chunk_size": 8}}
     assert job_path(c) == "batch" and token_budget(c) is None and objective(c) == "single"
-    limited = {**c, "train": {**c["train"], "mini_batch_tokens": 128}}
+    limited = {**c, "train": {**c["train"], "grad_cache_tokens": 128}}
     assert job_path(limited) == "sorted" and token_budget(limited) == 128
     q, p = np.full(50, 10), np.full(50, 40)
     single = step_flops(c, BASE, lambda n: BASE.train_flops_per_token(n), q, p, gpus=2)

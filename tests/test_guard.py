@@ -87,13 +87,15 @@ class _PoisonWeights(pl.Callback):
             self._poison(trainer, pl_module)
 
 
-@pytest.mark.parametrize(("grad_cache", "when"), [(False, "before"), (True, "before"), (False, "after")])
-def test_guard_stops_before_the_step_and_never_saves_nan_weights(tmp_path, grad_cache, when):
+@pytest.mark.parametrize(("grad_cache", "when", "objective"), [(False, "before", "single"), (True, "before", "single"),
+                                                             (False, "after", "single"), (True, "before", "maxsim")])
+def test_guard_stops_before_the_step_and_never_saves_nan_weights(tmp_path, grad_cache, when, objective):
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     pl.seed_everything(0)
     model = build_model()
-    module = ContrastiveModule(model, lr=1e-3, warmup_steps=0, max_steps=4, grad_cache=grad_cache, grad_cache_chunk=2)
+    module = ContrastiveModule(model, lr=1e-3, warmup_steps=0, max_steps=4, grad_cache=grad_cache, grad_cache_chunk=2,
+                               objective=objective)
     ckpt = ModelCheckpoint(dirpath=str(tmp_path / "ck"), save_last=True, every_n_train_steps=1, save_top_k=0)
     t = trainer(tmp_path, 4, enable_checkpointing=True, callbacks=[ckpt, NonFiniteGuard(),
                                                                    _PoisonWeights(1 if when == "before" else 2, when)])

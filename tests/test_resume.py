@@ -72,6 +72,26 @@ def test_killed_mid_epoch_resume_matches_uninterrupted_run(tmp_path):
     assert res["wandb"]["sync"] == f"wandb sync {run / 'wandb'}/offline-run-*-{wandb_id}"  # both segments
 
 
+def test_the_maxsim_objective_resumes_exactly(tmp_path):
+    """train.objective=maxsim (landmark states, grad cache over chunks of their own width), dropout on: SIGKILLed at
+    step 3 and run again, it logs the uninterrupted run's losses and ends with its weights."""
+    pairs = write_pairs(tmp_path / "pairs.jsonl", n=16)
+    setup = ("pooling=lmk-fixed", "train.objective=maxsim", "train.grad_cache=true", "train.grad_cache_chunk=3",
+             "trainer.max_steps=4", "train.checkpoint_every_n_steps=2", "seed=5",
+             "+encoder.config_overrides.embedding_dropout=0.1")
+    ref, run = tmp_path / "ref", tmp_path / "run"
+    in_process(ref, pairs, *setup)
+    cmd = [sys.executable, "-c", KILLER, "3", *overrides(run, pairs, *setup)]
+    killed = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    in_process(run, pairs, *setup)
+    res = results(run)
+    assert res["status"] == "done" and res["resume"]["step"] == 2 and res["config"]["train"]["objective"] == "maxsim"
+    assert losses(run) == losses(ref) and [s for s, _ in losses(run)] == [0, 1, 2, 3]
+    a, b = final_weights(ref), final_weights(run)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
 def test_resume_state_is_in_the_checkpoint(tmp_path):
     pairs = write_pairs(tmp_path / "pairs.jsonl")
     in_process(tmp_path / "r", pairs, "trainer.max_steps=2")

@@ -76,6 +76,7 @@ def test_an_unevaluated_run_exports_as_typed(run, tmp_path) -> None:
     card = (out / "README.md").read_text()
     assert "has not been evaluated: the card carries no scores" in card
     assert "python -m lmk.evaluate model=<run dir> record=true" in card and "fine-tuned (not evaluated)" in card
+    assert "- trained with: single-vector InfoNCE (tau " in card  # the objective (train.objective) that trained it
     assert not (out / "results").exists() and "model-index" not in card
     assert 'SentenceTransformer("shared/tiny", trust_remote_code=True)' in card
     assert str(tmp_path) not in card and str(run) not in card  # no path of this machine on the card

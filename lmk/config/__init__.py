@@ -14,8 +14,10 @@ allowed. The trainer section is Lightning's Trainer signature: its check is pass
     eval.py     EvalConfig (group eval/)
     device.py   eval device / precision specs
     registry.py the names of registered components (poolers, strategies, splitters), from lmk.model.landmark.names,
-                and the scorings' (scorings.py); what a scoring needs of a pooling (scoring_refusal)
+                and the scorings' (scorings.py); what a scoring needs of a pooling (scoring_refusal); the training
+                objectives
     scorings.py the scorings (eval.scoring) and their needs, declared in plain Python
+    objectives.py  the training objectives' declarations (train.objective), describe_objective (a card's line)
 """
 
 from lmk.config import registry, scorings
@@ -40,6 +42,12 @@ from lmk.config.model import (
     koehn_languages,
     pooling_label,
     validate_splitter,
+)
+from lmk.config.objectives import (
+    DECLARED_OBJECTIVES,
+    check_pooled_positions,
+    declare_objective,
+    describe_objective,
 )
 from lmk.config.paths import in_repo, repo_root
 from lmk.config.root import (
@@ -73,11 +81,12 @@ from lmk.config.schema import (
 )
 
 __all__ = [
-    "CKPT_AUTO", "CKPT_FRESH", "CONF_DIR", "LENGTHS", "LOCAL_TASK_NAMES", "MAXSIM_QUERIES", "RULES_READ_DEFAULTS", "RULER_DEPTHS",
+    "CKPT_AUTO", "CKPT_FRESH", "CONF_DIR", "DECLARED_OBJECTIVES", "LENGTHS", "LOCAL_TASK_NAMES", "MAXSIM_QUERIES",
+    "RULES_READ_DEFAULTS", "RULER_DEPTHS",
     "RULER_ESSAYS_REPO", "RULER_HAYSTACKS",
     "RULER_VARIANTS", "LOCAL_SOURCE", "REPLICA_PREFIX", "Coercible", "ConfigError", "DataConfig", "EncoderConfig",
     "EvalConfig", "EvalConfigError", "PoolingConfig", "RootConfig", "SourceConfig", "TrainSection", "UserError",
-    "above", "at_least", "call_arguments", "check_device", "check_lora", "check_precision", "choice",
+    "above", "at_least", "call_arguments", "check_device", "check_pooled_positions", "declare_objective", "describe_objective", "check_lora", "check_precision", "choice",
     "derive_seeds", "effective_batch", "get_key", "group_file", "group_options", "hash_neutral", "hash_neutral_keys", "in_repo",
     "is_named_source", "is_user_error", "koehn_languages", "neutral_defaults", "no_landmarks_message", "plain",
     "pooling_label", "registry", "repo_root", "scorings", "to_container", "validate", "validate_splitter",

@@ -4,7 +4,8 @@ They come from the landmark package's plain-Python declarations (`lmk.model.land
 loads no torch, and the implementations take their declarations from the same tables. A pooler registered at run
 time (`@register_pooler` on a class outside lmk) declares itself there, so it counts here from then on. The scorings
 (`eval.scoring`) are declared in this layer (`lmk.config.scorings`, their classes are lmk.eval's); what a scoring needs of
-a pooling is answered here from the declarations (`scoring_refusal`), never from a pooler's or a scoring's name.
+a pooling is answered here from the declarations (`scoring_refusal`), never from a pooler's or a scoring's name. The
+training objectives are declared in this layer too (`lmk.config.objectives`), read the same way.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-from lmk.config import scorings
+from lmk.config import objectives, scorings
 from lmk.model.landmark import names
 
 # The sentence splitters of the `sentence` strategy (lmk.model.landmark.sentences)
@@ -81,3 +82,9 @@ def scoring_refusal(scoring: str, pooling: str, pooler: str, strategy: str | Non
     if scoring_needs(scoring)["needs_landmarks"] and not has_landmarks(pooler, strategy):
         return no_landmarks_message(pooling, pooler, scoring)
     return None
+
+
+def declared_objectives() -> dict[str, dict[str, Any]]:
+    """{objective name: declared needs} of every training objective (lmk.config.objectives.DECLARED_OBJECTIVES), those
+    registered at run time included: a copy, torch-free. The classes are `lmk.train.objectives.OBJECTIVE_CLASSES`."""
+    return objectives.declared_objectives()

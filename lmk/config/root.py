@@ -20,8 +20,9 @@ from omegaconf import OmegaConf, open_dict
 
 from lmk.config import registry
 from lmk.config.data import DataConfig
-from lmk.config.eval import EvalConfig
+from lmk.config.eval import MAXSIM_QUERIES, EvalConfig
 from lmk.config.model import EncoderConfig, PoolingConfig
+from lmk.config.objectives import check_pooled_positions
 from lmk.config.paths import PACKAGE_DIR, repo_root
 from lmk.config.schema import (
     Coercible,
@@ -30,7 +31,9 @@ from lmk.config.schema import (
     at_least,
     build_section,
     check_bound,
+    choice,
     get_key,
+    hash_neutral,
     neutral_defaults,
     to_container,
 )
@@ -91,6 +94,21 @@ class TrainSection(Coercible):
     monitor_mode: Literal["min", "max"] = "min"
     checkpoint_every_n_steps: int = at_least(0, 0)  # 0 = only at the end of fit (last.ckpt is always written)
     export: bool = True
+    # The training objective (lmk.train.objectives; declared in lmk.config.objectives): single = InfoNCE on the
+    # pooled vector at `tau`; maxsim = InfoNCE on MaxSim scores (a query's landmark states, or all its token states
+    # with maxsim_query=tokens, against each passage's landmark states, each vector L2-normalised) at `maxsim_tau`.
+    # MaxSim scores are sums over the query's vectors, not cosines in [-1, 1], so that objective has its own
+    # temperature: at 0.02 (tau's) while an LMK query has one landmark (MaxSim is then its best cosine); with
+    # maxsim_query=tokens the sum runs over every token, and a scale near 1 (ColBERT's; sentence-transformers' and
+    # PyLate's default scale 1) fits. (added after runs were hashed: hash-neutral at their defaults)
+    objective: str = hash_neutral("single")
+    maxsim_query: str = hash_neutral("landmarks")
+    maxsim_tau: float = hash_neutral(0.02, gt=0)
+
+    def __post_init__(self) -> None:
+        choice("train.objective", self.objective, tuple(registry.declared_objectives()))
+        choice("train.maxsim_query", self.maxsim_query, MAXSIM_QUERIES)
+        self.check_fields()
 
 
 # The `trainer` section is the keyword arguments of Lightning's Trainer (Hydra instantiates it from `_target_`), checked
@@ -206,9 +224,10 @@ GROUP_SCHEMAS: dict[str, type] = {"encoder": EncoderConfig, "pooling": PoolingCo
 
 
 def hash_neutral_keys() -> dict[str, Any]:
-    """{"<group>.<key>": default}: the group schemas' `hash_neutral` keys that a run's config hash leaves out while
-    they hold their default (lmk.run.results.config_hash_of), read from the fields' own declarations."""
-    return {f"{group}.{name}": default for group, cls in GROUP_SCHEMAS.items()
+    """{"<section>.<key>": default}: the group schemas' and the train section's `hash_neutral` keys that a run's config
+    hash leaves out while they hold their default (lmk.run.results.config_hash_of), read from the fields' own
+    declarations."""
+    return {f"{group}.{name}": default for group, cls in {**GROUP_SCHEMAS, "train": TrainSection}.items()
             for name, default in neutral_defaults(cls, config_hash=True).items()}
 
 
@@ -343,6 +362,7 @@ def _cross_checks(root: RootConfig) -> None:
         why = registry.scoring_refusal(root.eval.scoring, root.pooling.label, root.pooling.pooler, root.pooling.strategy)
         if why is not None:
             raise ConfigError(why)
+    check_pooled_positions(root.train.objective, root.pooling, registry.declared_poolers(), registry.strategies())
     _check_half_weights(root)
     _check_eval_under_ddp(root)
 

@@ -104,13 +104,15 @@ HASH_NEUTRAL = "hash_neutral"  # field metadata: "everywhere" | "description" (s
 
 
 def hash_neutral(default: Any = dataclasses.MISSING, *, config_hash: bool = True, ge: float | None = None,
-                 **kwargs: Any) -> Any:
+                 gt: float | None = None, **kwargs: Any) -> Any:
     """A dataclass field added after models and runs were hashed, whose default computes what they computed: while
     it holds its default it is left out of the schema's description (`Coercible.to_dict`: the model and data
     fingerprints) and of a run's config hash (lmk.run.results.config_hash_of), so everything hashed before it
     existed keeps its hash; any other value is hashed. `config_hash=False`: the description only, for a key the
-    config hash has always hashed as written (conf/encoder/tiny-decoder.yaml's `lora: null`). `ge`: as `at_least`."""
-    metadata = {HASH_NEUTRAL: "everywhere" if config_hash else "description", **({"ge": ge} if ge is not None else {})}
+    config hash has always hashed as written (conf/encoder/tiny-decoder.yaml's `lora: null`). `ge`: as `at_least`,
+    `gt`: as `above`."""
+    bounds = {**({"ge": ge} if ge is not None else {}), **({"gt": gt} if gt is not None else {})}
+    metadata = {HASH_NEUTRAL: "everywhere" if config_hash else "description", **bounds}
     return dataclasses.field(default=default, metadata=metadata, **kwargs)
 
 

@@ -30,7 +30,7 @@ __all__, _own = interface(__name__, {
                            "load_exported"),
     "lmk.model.loading": ("load_hf_encoder", "load_model"),
     "lmk.model.lora": ("add_lora", "is_lora", "merged"),
-    "lmk.model.multi_vector": ("encode_states", "no_landmarks", "pooled_states"),
+    "lmk.model.multi_vector": ("encode_states", "no_landmarks", "padded_states", "pooled_states"),
     "lmk.model.packed_attention": ("PACKED", "Packing", "choose", "pack_plan", "packed_hidden_states"),
     "lmk.model.long_attention": ("BLOCK", "LEAN_SDPA", "banded_attention", "guard_padded_rows",
                                  "lean_attention"),

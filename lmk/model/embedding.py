@@ -30,6 +30,7 @@ from lmk.model.landmark.sliding_window_guard import guard_padded_rows
 from lmk.model.landmark.tokenization import LandmarkTokenizer
 from lmk.model.long_attention import lean_attention
 from lmk.model.lora import merged
+from lmk.model.multi_vector import padded_states
 from lmk.model.packed_attention import Packing, choose, pack_plan, packed_hidden_states
 from lmk.model.pipeline import encode_texts
 from lmk.run.umask_files import write_json
@@ -204,6 +205,14 @@ class EmbeddingModel(torch.nn.Module):
         """L2-normalised embeddings [B, H] (the pooler normalises)."""
         hidden = self.token_embeddings(features)
         return self.pooler(hidden, features["attention_mask"], features.get("pool_mask"))
+
+    def landmark_states(self, features: dict[str, torch.Tensor], which: str = "landmarks"
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Training forward for multi-vector objectives: (states [B, L, H], mask [B, L]) of each text's landmark
+        states (`which="tokens"`: all its token states), each L2-normalised, float32, with gradients; exactly the
+        states eval MaxSim scores (`lmk.model.multi_vector`: the same `vector_mask`), padded to the batch's most."""
+        hidden = self.token_embeddings(features)
+        return padded_states(hidden, features["attention_mask"], features.get("pool_mask"), which)
 
     def token_lengths(self, texts: Sequence[str], side: str = "passage", max_length: int | None = None,
                       window: int = 256) -> np.ndarray:

@@ -5,7 +5,9 @@ positions for those controls) and L2-normalises the mean. `pooled_states` select
 pooler's own fallback (a row with no pooled position: all its tokens), so the single vector of a text is the
 normalised mean of its `pooled_states` and MaxSim scoring (lmk.eval.maxsim) keeps the same states apart.
 `maxsim_query="tokens"` gives every non-pad token's state instead (a MaxSim query as ColBERT encodes it). The rule is
-`lmk.model.landmark.vector_mask`, the one a multi-vector export's mask module applies too.
+`lmk.model.landmark.vector_mask`, the one a multi-vector export's mask module applies too. `padded_states` is the
+training form of the same states (with gradients, padded per batch): what the MaxSim objective trains
+(lmk.train.objectives).
 """
 
 from __future__ import annotations
@@ -53,6 +55,24 @@ def pooled_states(hidden: torch.Tensor, attention_mask: torch.Tensor, pool_mask:
     keep = vector_mask(attention_mask, pool_mask, _old_which(which, maxsim_query, "pooled_states"))
     hidden = hidden.float()
     return [hidden[i, keep[i]] for i in range(hidden.shape[0])]
+
+
+def padded_states(hidden: torch.Tensor, attention_mask: torch.Tensor, pool_mask: torch.Tensor | None,
+                  which: str = "landmarks") -> tuple[torch.Tensor, torch.Tensor]:
+    """The states `pooled_states` gives, each L2-normalised, as one padded float32 [B, L, H] tensor (L: the most
+    any row keeps; padding zeros) and its [B, L] bool mask, differentiable (no per-row loop). Rows keep their
+    positions' order; padding is filled with zeros before normalising, so a non-finite state at a position a row
+    does not keep (a padded row's) never reaches the output or its gradient."""
+    keep = vector_mask(attention_mask, pool_mask, which)
+    counts = keep.sum(dim=1)
+    width = max(int(counts.max()), 1)
+    # the kept positions first, in their order (a stable sort of "not kept"), then any others
+    order = torch.sort((~keep).to(torch.uint8), dim=1, stable=True).indices[:, :width]
+    mask = torch.arange(width, device=keep.device)[None, :] < counts[:, None]
+    with torch.autocast(device_type=hidden.device.type, enabled=False):
+        states = hidden.float().gather(1, order[..., None].expand(-1, -1, hidden.shape[-1]))
+        states = torch.where(mask[..., None], states, 0.0)
+        return F.normalize(states, p=2, dim=-1), mask
 
 
 @torch.inference_mode()

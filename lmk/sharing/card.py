@@ -16,6 +16,7 @@ import mteb
 import yaml
 from huggingface_hub import EvalResult, ModelCardData
 
+from lmk.config import describe_objective
 from lmk.config.registry import declared_scorings, strategies
 from lmk.eval.tasks import LOCAL_TASK_CLASSES
 from lmk.run.results import Results
@@ -256,6 +257,7 @@ of the landmark states ([LMK > CLS: Landmark Pooling for Dense Embeddings]({PAPE
 ## Model
 
 {_pooling(model)}
+- trained with: {describe_objective(results.section("train"))} (`train.objective`)
 - base model: {base}; embedding size {meta.embed_dim}, {meta.n_parameters:,} parameters, up to \
 {int(meta.max_tokens or 0)} positions
 - weights fingerprint (the mteb revision) `{meta.revision}`; licence `{meta.license}`{licence}

@@ -7,6 +7,11 @@ mini-batches. Instead:
 3. re-run each chunk with autograd (RNG state restored, so dropout draws the same masks) and
    backprop the cached embedding gradients into the parameters.
 Peak activation memory is one chunk's; the loss and the parameter gradients equal the uncached ones.
+
+An embedding may be a Tensor or a multi-vector `(states, mask)` pair (lmk.train.embeddings): each chunk then has its
+own width, so the chunks are padded to the widest for the loss (`concat`) and each chunk's cached gradient is sliced
+back to its rows and width (`grad_slice`). Planning the chunks (`split_features`) and reassembling their embeddings
+(`embed_without_grad`'s concatenation) are separate steps.
 """
 
 from __future__ import annotations
@@ -17,8 +22,10 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 import torch
 from torch import Tensor
 
+from lmk.train.embeddings import Embedding, as_leaf, concat, grad_slice, rows, values
+
 Features = Mapping[str, Tensor]
-EmbedFn = Callable[[Features], Tensor]
+EmbedFn = Callable[[Features], Embedding]
 
 
 class RandState:
@@ -47,14 +54,14 @@ def split_features(features: Features, chunk_size: int) -> list[dict[str, Tensor
     return [{k: v[i : i + chunk_size] for k, v in features.items()} for i in range(0, n, chunk_size)]
 
 
-def embed_without_grad(embed: EmbedFn, chunks: Sequence[Features]) -> tuple[Tensor, list[RandState]]:
-    """Step 1: embeddings of all chunks (no graph) and the RNG state before each chunk."""
+def embed_without_grad(embed: EmbedFn, chunks: Sequence[Features]) -> tuple[Embedding, list[RandState]]:
+    """Step 1: embeddings of all chunks (no graph), reassembled in row order, and the RNG state before each chunk."""
     outs, states = [], []
     for chunk in chunks:
         states.append(RandState([t.device for t in chunk.values()]))
         with torch.no_grad():
             outs.append(embed(chunk))
-    return torch.cat(outs), states
+    return concat(outs), states
 
 
 def backward_chunks(
@@ -77,12 +84,13 @@ def backward_chunks(
     for i, (chunk, state) in enumerate(zip(chunks, states, strict=True)):
         with state.replay():
             emb = embed(chunk)
-        g = grads[start : start + emb.shape[0]]
-        start += emb.shape[0]
+        g = grad_slice(grads, start, emb)
+        start += rows(emb)
+        out = values(emb)
         # d(sum(emb * g))/d theta = g^T d emb / d theta: the chain rule with the cached gradient. In float32
         # outside autocast, so the cached gradient reaches the chunk's graph unrounded under bf16-mixed.
-        with torch.autocast(device_type=emb.device.type, enabled=False):
-            surrogate = torch.dot(emb.flatten().float(), g.flatten().float())
+        with torch.autocast(device_type=out.device.type, enabled=False):
+            surrogate = torch.dot(out.flatten().float(), g.flatten().float())
         final = last and i == len(chunks) - 1
         ctx = no_sync() if (no_sync is not None and not final) else contextlib.nullcontext()
         with ctx:
@@ -95,23 +103,26 @@ def grad_cache_step(
     embed: EmbedFn,
     query: Features,
     passage: Features,
-    loss_fn: Callable[[Tensor, Tensor], Tensor],
+    loss_fn: Callable[[Embedding, Embedding], Tensor],
     chunk_size: int = 32,
     backward: Callable[[Tensor], None] | None = None,
     no_sync: Callable[[], contextlib.AbstractContextManager] | None = None,
+    passage_embed: EmbedFn | None = None,
 ) -> Tensor:
     """One cached forward/backward over a (query, passage) batch; returns the detached loss.
 
-    `loss_fn(q_emb, p_emb)` may gather across devices (with gradients) itself. After the call the
-    parameters hold the same `.grad` as `loss_fn(embed(query), embed(passage)).backward()` would give.
+    `loss_fn(q_emb, p_emb)` may gather across devices (with gradients) itself. `passage_embed` embeds the passages
+    when they are embedded otherwise than the queries (default: `embed`). After the call the parameters hold the same
+    `.grad` as `loss_fn(embed(query), passage_embed(passage)).backward()` would give.
     """
+    passage_embed = passage_embed or embed
     q_chunks, p_chunks = split_features(query, chunk_size), split_features(passage, chunk_size)
     q_emb, q_states = embed_without_grad(embed, q_chunks)
-    p_emb, p_states = embed_without_grad(embed, p_chunks)
-    q_leaf, p_leaf = q_emb.detach().requires_grad_(), p_emb.detach().requires_grad_()
+    p_emb, p_states = embed_without_grad(passage_embed, p_chunks)
+    q_leaf, p_leaf = as_leaf(q_emb), as_leaf(p_emb)
     with torch.enable_grad():
         loss = loss_fn(q_leaf, p_leaf)
-        q_grad, p_grad = torch.autograd.grad(loss, [q_leaf, p_leaf])
+        q_grad, p_grad = torch.autograd.grad(loss, [values(q_leaf), values(p_leaf)])
     backward_chunks(embed, q_chunks, q_states, q_grad, backward, no_sync, last=False)
-    backward_chunks(embed, p_chunks, p_states, p_grad, backward, no_sync, last=True)
+    backward_chunks(passage_embed, p_chunks, p_states, p_grad, backward, no_sync, last=True)
     return loss.detach()

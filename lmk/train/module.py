@@ -2,7 +2,9 @@
 
 Batch layout (PairCollator): {"query": features [B], "passage": features [B*G] (positive first in
 each group), "teacher_scores": [B, G] (optional)}. Passages of every rank are gathered with
-gradients so each query sees all in-batch and hard negatives of the global batch.
+gradients so each query sees all in-batch and hard negatives of the global batch. What a text is embedded into and
+the loss on it are the objective's (`train.objective`, lmk.train.objectives): the pooled vector (single) or the
+landmark states (maxsim), gathered padded to the widest rank's.
 
 Optimisation follows the authors' scripts (docs/method.md): AdamW, weight decay 0, DeepSpeed
 `WarmupDecayLR`'s warm-up (log by default) then linear decay (`warmup_decay`), and `grad_scale` to
@@ -24,8 +26,9 @@ from torch import Tensor
 
 from lmk.config import RootConfig, TrainSection
 from lmk.model.long_attention import guard_padded_rows
+from lmk.train.embeddings import Embedding, pad_width, rows
 from lmk.train.gradcache import grad_cache_step
-from lmk.train.losses import info_nce
+from lmk.train.objectives import Objective, build_objective
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +72,8 @@ def _no_decay(name: str) -> bool:
 
 
 class ContrastiveModule(pl.LightningModule):
-    """InfoNCE training of an EmbeddingModel (in-batch + hard negatives, cross-device, grad cache)."""
+    """InfoNCE training of an EmbeddingModel (in-batch + hard negatives, cross-device, grad cache), on the pooled
+    vector or the landmark states as `train.objective` says."""
 
     def __init__(
         self,
@@ -121,39 +125,57 @@ class ContrastiveModule(pl.LightningModule):
         # Non-reentrant checkpointing works with frozen inputs and DDP.
         backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
-    def embed(self, features: Mapping[str, Tensor]) -> Tensor:
-        return self.model(dict(features))
+    @property
+    def objective(self) -> Objective:
+        """The training objective of the current settings (`train.objective`)."""
+        return build_objective(self.cfg)
+
+    def embed(self, features: Mapping[str, Tensor], side: str = "passage") -> Embedding:
+        """What the objective trains on for one side (query / passage) of a batch, with gradients."""
+        return self.objective.embed(self.model, features, side)
 
     # ---- loss ----------------------------------------------------------------------------------
     def _world(self) -> int:
         return self.trainer.world_size if self._trainer is not None else 1
 
-    def _gather(self, p: Tensor) -> tuple[Tensor, int]:
+    def _gather(self, p: Embedding) -> tuple[Embedding, int]:
         """All passages of the global batch (with gradients) and this rank's offset into them."""
         world = self._world()
         if world == 1 or not self.cfg.gather_across_devices or not self.cfg.in_batch_negatives:
             return p, 0
-        gathered = self.all_gather(p, sync_grads=True)  # [W, N, d]; needs equal N on every rank
+        gathered = self._gather_states(p) if isinstance(p, tuple) else self._gather_vectors(p)
+        n = rows(gathered)
         if self._trainer is not None and self.global_step == self.fit_start_step:
-            log.info("rank %d scores its queries against %d passages gathered from %d ranks", self.global_rank,
-                     gathered.shape[0] * gathered.shape[1], gathered.shape[0])
-        return gathered.reshape(-1, p.shape[-1]), self.global_rank * p.shape[0]
+            log.info("rank %d scores its queries against %d passages gathered from %d ranks", self.global_rank, n, world)
+        return gathered, self.global_rank * rows(p)
 
-    def compute_loss(self, q: Tensor, p: Tensor, teacher_scores: Tensor | None = None) -> Tensor:
-        b = q.shape[0]
-        if p.shape[0] % b:
-            raise ValueError(f"{p.shape[0]} passages for {b} queries: the batch must hold B*G passages")
-        group = p.shape[0] // b
+    def _gather_vectors(self, p: Tensor) -> Tensor:
+        gathered = self.all_gather(p, sync_grads=True)  # [W, N, d]; needs equal N on every rank
+        return gathered.reshape(-1, p.shape[-1])
+
+    def _gather_states(self, p: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
+        """Multi-vector passages of every rank: each rank pads its states to the widest rank's first (all_gather needs
+        one shape), the mask travels as uint8 (gloo has no bool all_gather)."""
+        width = int(self.all_gather(torch.tensor(p[0].shape[1], device=p[0].device)).max())
+        states, mask = pad_width(p, width)
+        gathered = self.all_gather(states, sync_grads=True)  # [W, N, L, H]
+        masks = self.all_gather(mask.to(torch.uint8))  # [W, N, L]
+        return gathered.reshape(-1, width, states.shape[-1]), masks.reshape(-1, width).bool()
+
+    def compute_loss(self, q: Embedding, p: Embedding, teacher_scores: Tensor | None = None) -> Tensor:
+        b = rows(q)
+        if rows(p) % b:
+            raise ValueError(f"{rows(p)} passages for {b} queries: the batch must hold B*G passages")
+        group = rows(p) // b
         p_all, offset = self._gather(p)
         scores = teacher_scores if self.cfg.use_teacher_scores else None
-        return info_nce(
-            q, p_all, tau=self.cfg.tau, group_size=group, in_batch=self.cfg.in_batch_negatives,
-            teacher_scores=scores, offset=offset, teacher_temperature=self.cfg.teacher_temperature,
-        )
+        return self.objective.loss(q, p_all, group_size=group, in_batch=self.cfg.in_batch_negatives,
+                                   teacher_scores=scores, offset=offset)
 
     def forward_loss(self, batch: Mapping[str, Any]) -> Tensor:
         """Uncached loss of one batch (with graph)."""
-        return self.compute_loss(self.embed(batch["query"]), self.embed(batch["passage"]), batch.get("teacher_scores"))
+        return self.compute_loss(self.embed(batch["query"], "query"), self.embed(batch["passage"], "passage"),
+                                 batch.get("teacher_scores"))
 
     # ---- training ------------------------------------------------------------------------------
     def training_step(self, batch: Mapping[str, Any], batch_idx: int) -> Tensor | None:
@@ -174,10 +196,10 @@ class ContrastiveModule(pl.LightningModule):
         # DDP: skip the all-reduce on every chunk but the last, which then reduces the sum.
         no_sync = getattr(wrapped, "no_sync", None) if self._world() > 1 else None
         loss = grad_cache_step(
-            self.embed, batch["query"], batch["passage"],
+            lambda f: self.embed(f, "query"), batch["query"], batch["passage"],
             lambda q, p: self.compute_loss(q, p, teacher) * self.cfg.grad_scale,
             chunk_size=self.cfg.grad_cache_chunk, backward=self.manual_backward,
-            no_sync=no_sync or (lambda: contextlib.nullcontext()),
+            no_sync=no_sync or (lambda: contextlib.nullcontext()), passage_embed=lambda f: self.embed(f, "passage"),
         )
         self._note_loss(loss / self.cfg.grad_scale)
         if self.gradient_clip_val:

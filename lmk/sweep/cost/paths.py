@@ -4,7 +4,7 @@
     batch          each device batch padded to its own longest text (what the collator does today: one width per
                    batch, which grad cache's chunks keep)
     sorted         each device batch sorted by length and cut into mini-batches (grad cache's chunks of
-                   `train.grad_cache_chunk` rows, or as many rows as a token budget holds: `train.mini_batch_tokens`
+                   `train.grad_cache_chunk` rows, or as many rows as a token budget holds: `train.grad_cache_tokens`)
                    and its aliases), each padded to its own longest
     packed         the real tokens only (a varlen attention kernel on CUDA: no padding at all)
 
@@ -22,23 +22,21 @@ from typing import Any
 
 import numpy as np
 
+from lmk.config import TrainSection
+from lmk.config.registry import declared_objectives
 from lmk.model.batching import token_budget_batches
 from lmk.model.landmark.names import STRATEGY_TRAITS
 from lmk.model.shape import EncoderShape
 
 PATHS = ("padded", "batch", "sorted", "packed")
 SIM_STEPS = 64
-BUDGET_KEYS = ("mini_batch_tokens", "max_tokens_per_batch", "token_budget", "batch_tokens")  # read defensively
 
 
 def token_budget(c: Mapping[str, Any]) -> int | None:
-    """The job's token budget per mini-batch where its config sets one (train.* or data.*), else None."""
-    for section in ("train", "data"):
-        for key in BUDGET_KEYS:
-            value = (c.get(section) or {}).get(key)
-            if value and not isinstance(value, bool):
-                return int(value)
-    return None
+    """The job's most tokens per grad-cache mini-batch (`train.grad_cache_tokens` with grad cache on), else None."""
+    train = c.get("train") or {}
+    value = train.get("grad_cache_tokens") if train.get("grad_cache") else None
+    return int(value) if value else None
 
 
 def job_path(c: Mapping[str, Any]) -> str:
@@ -47,7 +45,8 @@ def job_path(c: Mapping[str, Any]) -> str:
 
 
 def objective(c: Mapping[str, Any]) -> str:
-    return str((c.get("train") or {}).get("objective") or "single")
+    """The job's training objective (`train.objective`; the schema's default where the config has none)."""
+    return str((c.get("train") or {}).get("objective") or TrainSection.objective)
 
 
 def _row_cost(per_token: Callable[[float], float]) -> Callable[[np.ndarray], np.ndarray]:
@@ -114,5 +113,6 @@ def step_flops(c: Mapping[str, Any], shape: EncoderShape, per_token: Callable[[f
     cost, rng, max_tokens = _row_cost(per_token), np.random.default_rng(seed), token_budget(c)
     q = side_flops(queries, per_device, int(data["query_max_length"]), cost, chunk, max_tokens, rng)
     p = side_flops(passages, per_device * group, int(data["passage_max_length"]), cost, chunk, max_tokens, rng)
-    extra = maxsim_flops(c, queries, passages, gpus, shape.hidden) if objective(c) == "maxsim" else 0.0
+    states = declared_objectives().get(objective(c), {}).get("embedding") == "landmark_states"
+    extra = maxsim_flops(c, queries, passages, gpus, shape.hidden) if states else 0.0
     return {path: q[path] + p[path] + extra for path in PATHS}
