@@ -4,8 +4,8 @@
     batch          each device batch padded to its own longest text (what the collator does today: one width per
                    batch, which grad cache's chunks keep)
     sorted         each device batch sorted by length and cut into mini-batches (grad cache's chunks of
-                   `train.grad_cache_chunk` rows, or as many rows as a token budget holds: `train.grad_cache_tokens`)
-                   and its aliases), each padded to its own longest
+                   `train.grad_cache_chunk` rows, or as many rows as a token budget holds: `train.grad_cache_tokens`),
+                   each padded to its own longest
     packed         the real tokens only (a varlen attention kernel on CUDA: no padding at all)
 
 A row of L tokens costs L x the FLOPs per training token at length L (`EncoderShape.train_flops_per_token`: the
