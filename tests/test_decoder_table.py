@@ -28,15 +28,19 @@ def test_every_decoder_row_composes_and_validates(scale: str) -> None:
     typed = validated_rows(SPEC, scale)
     assert len(typed) == len([r for r in spec.rows if r.scoring_of is None])  # the MaxSim row trains nothing
     for row, t in typed.items():
-        # every row trains the same LoRA decoder: only the pooling (and the MaxSim rows' scoring) differ
+        # every row trains the same LoRA decoder on the same data: only the pooling, the objective (the MaxSim-trained
+        # rows) and the scoring (the MaxSim rows) differ
         assert t.encoder.name == DECODER[scale] and t.encoder.lora is not None, row
         assert t.encoder.lora["target_modules"] == typed["last-token"].encoder.lora["target_modules"]
-        assert t.data == typed["last-token"].data and t.train == typed["last-token"].train, row
+        assert t.data == typed["last-token"].data, row
+        objective = {"objective": "maxsim"} if row.endswith("-mt") or row == "mpe-style" else {}
+        assert t.train.to_dict() == {**typed["last-token"].train.to_dict(), **objective}, row
     # MPE's method (an EOS every 64 tokens, documents scored by MaxSim over those states, a short query its one
     # closing EOS) is lmk-fixed-64's layout scored by MaxSim over landmark states
     mpe = typed["mpe-style"]
     assert (mpe.pooling.strategy, mpe.pooling.pooler, mpe.pooling.chunk_size) == ("fixed", "lmk", 64)
     assert mpe.eval.scoring == "maxsim" and mpe.eval.maxsim_query == "landmarks"
+    assert mpe.train.objective == "maxsim" and mpe.train.maxsim_query == "landmarks"  # MPE trains with MaxSim too
     assert typed["lmk-fixed-64"].eval.scoring == "single"
 
 

@@ -86,8 +86,17 @@ def scoring_rows(rows: Sequence[Row]) -> list[Row]:
 
 
 def zero_shot_rows(rows: Sequence[Row]) -> list[Row]:
-    # lmk-variable only differs from lmk-fixed at training time; untrained it IS lmk-fixed-32.
-    return [r for r in trained_rows(rows) if r.pooling != "lmk-variable"]
+    """The trained rows whose untrained model is a model of its own: a row that differs from an earlier one only in
+    training settings (`train.*`, e.g. train.objective) is that row untrained, and lmk-variable (its chunk sizes
+    differ at training time only) is lmk-fixed-32 untrained."""
+    seen: set[tuple[str, ...]] = set()
+    out = []
+    for r in trained_rows(rows):
+        untrained = tuple(o for o in r.overrides if not o.lstrip("+~").startswith("train."))
+        if r.pooling != "lmk-variable" and untrained not in seen:
+            seen.add(untrained)
+            out.append(r)
+    return out
 
 
 def train_block(scale: Scale, rows: Sequence[Row], hub: Sequence[str] = (), seeds: Sequence[int] | None = None

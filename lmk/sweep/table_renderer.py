@@ -30,12 +30,12 @@ from lmk.sweep.collapse import collapse_notes, collapsed_columns
 from lmk.sweep.provenance import provenance_lines
 from lmk.sweep.spec import RESCORE, Column, Row, TableSpec, load_spec
 from lmk.sweep.table_plot import plot_averages
+from lmk.sweep.two_by_two import Quad, markdown, quads
 
 log = logging.getLogger(__name__)
 BLOCKS = ("train", "zeroshot")  # sub-folders of a sweep folder: fine-tuned rows, untrained rows
 BLOCK_TITLES = {"train": "fine-tuned", "zeroshot": "zero-shot (untrained encoder)"}
-SIG_MARK = "\u2020"  # dagger: over queries
-SEED_MARK = "\u2021"  # double dagger: over seeds
+SIG_MARK, SEED_MARK = "\u2020", "\u2021"  # dagger: over queries; double dagger: over seeds
 
 
 class MixedResultsError(UserError, ValueError):
@@ -90,6 +90,7 @@ class Table:
     notes: list[str] = field(default_factory=list)  # rows whose evaluation collapses (lmk.sweep.collapse)
     # block -> row id -> its index per document as printed (MaxSim rows: landmark vectors and bytes per document)
     index: dict[str, dict[str, str]] = field(default_factory=dict)
+    quads: list[Quad] = field(default_factory=list)  # the (trained for, scored by) 2x2s among the rows
 
     def index_cell(self, block: str, row: str) -> str:
         return self.index.get(block, {}).get(row, "-")
@@ -299,7 +300,7 @@ def build_table(spec: TableSpec, scale_name: str, runs: dict[str, dict[str, RunR
         blocks[block] = table_rows
     table = Table(title=spec.title, columns=scale.columns, blocks=blocks,
                   labels={r.id: r.label for r in rows}, baseline=spec.baseline, alpha=spec.alpha,
-                  notes=collapse_notes(collapsed), index=index)
+                  notes=collapse_notes(collapsed), index=index, quads=quads(spec, rows))
     for block_rows in table.blocks.values():
         for key, _ in table.column_keys():
             # Compare the printed values (x100, 1 decimal): two cells that read the same are both bold.
@@ -371,6 +372,7 @@ def to_markdown(table: Table) -> str:
             vals += [table.index_cell(block, row_id)] if extra else []
             lines.append(f"| {table.labels.get(row_id, row_id)} | " + " | ".join(vals) + " |")
         lines.append("")
+    lines += markdown(table.quads, table.blocks.get(BLOCKS[0], {}), keys, lambda c: _fmt(c, ("", ""), mark=False))
     lines.append(f"Bold: best per column. {SIG_MARK}: differs from {table.baseline!r} "
                  f"(paired t-test over per-query scores, p < {table.alpha}). Scores x100.")
     seeds = max((c.n_seeds for rows in table.blocks.values() for cells in rows.values() for c in cells.values()),
