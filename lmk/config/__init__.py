@@ -48,6 +48,7 @@ from lmk.config.objectives import (
     check_pooled_positions,
     declare_objective,
     describe_objective,
+    trains_landmark_states,
 )
 from lmk.config.paths import in_repo, repo_root
 from lmk.config.root import (
@@ -86,7 +87,7 @@ __all__ = [
     "RULER_ESSAYS_REPO", "RULER_HAYSTACKS",
     "RULER_VARIANTS", "LOCAL_SOURCE", "REPLICA_PREFIX", "Coercible", "ConfigError", "DataConfig", "EncoderConfig",
     "EvalConfig", "EvalConfigError", "PoolingConfig", "RootConfig", "SourceConfig", "TrainSection", "UserError",
-    "above", "at_least", "call_arguments", "check_device", "check_pooled_positions", "declare_objective", "describe_objective", "check_lora", "check_precision", "choice",
+    "above", "at_least", "call_arguments", "check_device", "check_pooled_positions", "declare_objective", "describe_objective", "trains_landmark_states", "check_lora", "check_precision", "choice",
     "derive_seeds", "effective_batch", "get_key", "group_file", "group_options", "hash_neutral", "hash_neutral_keys", "in_repo",
     "is_named_source", "is_user_error", "koehn_languages", "neutral_defaults", "no_landmarks_message", "plain",
     "pooling_label", "registry", "repo_root", "scorings", "to_container", "validate", "validate_splitter",

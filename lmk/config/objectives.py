@@ -48,6 +48,12 @@ def declared_objectives() -> dict[str, dict[str, Any]]:
     return {name: dict(needs) for name, needs in DECLARED_OBJECTIVES.items()}
 
 
+def trains_landmark_states(objective: str | None) -> bool:
+    """Whether `objective` (a run's `train.objective`; None: a run from before it existed, trained single) trains a
+    text's landmark states, not its pooled vector: such a run exports as a multi-vector model by default."""
+    return DECLARED_OBJECTIVES.get(objective or "", {}).get("embedding") == "landmark_states"
+
+
 def describe_objective(train: Mapping[str, Any]) -> str:
     """How a run's `train` section (results.json's config) trained, in words: "single-vector InfoNCE (tau 0.02)",
     "MaxSim InfoNCE (query landmark states, maxsim_tau 0.02)". A run from before `train.objective` trained single."""

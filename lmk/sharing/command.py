@@ -2,6 +2,8 @@
 
     python -m lmk.export outputs/table2/mini/train/lmk-fixed-32 --out shared/lmk-fixed-32
     python -m lmk.export outputs/table2/mini/train/lmk-fixed-32 --multi-vector --out shared/lmk-fixed-32-maxsim
+    python -m lmk.export outputs/table2/mini/train/lmk-fixed-32-mt --out shared/lmk-fixed-32-mt   # MaxSim-trained:
+        a MultiVectorEncoder by default (--single-vector: its one vector)
     HF_TOKEN=... python -m lmk.export outputs/table2/mini/train/lmk-fixed-32 --push-to-hub me/lmk-fixed-32 [--private]
 
 The folder holds the model (its code travels, so sentence-transformers loads it without lmk), a model card built
@@ -28,8 +30,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--table", default=None, help="the table JSON holding the run's row (default: found above the run)")
     p.add_argument("--license", default=None, help="the card's licence (default: the base model's, or lmk's for a "
                    "random init)")
-    p.add_argument("--multi-vector", action="store_true", help="a sentence-transformers MultiVectorEncoder folder: "
-                   "each text's landmark states, scored by MaxSim (LMK poolings only)")
+    kind = p.add_mutually_exclusive_group()  # default: as the run was trained (train.objective)
+    kind.add_argument("--multi-vector", dest="multi_vector", action="store_true", default=None,
+                      help="a sentence-transformers MultiVectorEncoder folder: each text's landmark states, scored by "
+                      "MaxSim (LMK poolings only; the default for a run trained with train.objective=maxsim)")
+    kind.add_argument("--single-vector", dest="multi_vector", action="store_false",
+                      help="one vector per text (the default for a run trained for one vector)")
     p.add_argument("--base-model", default=None, help="the hub id of the base model (default: read from the encoder)")
     return p
 

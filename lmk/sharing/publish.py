@@ -33,7 +33,7 @@ import yaml
 from mteb.models.model_meta import ModelMeta
 from mteb.results import TaskResult
 
-from lmk.config import UserError
+from lmk.config import UserError, trains_landmark_states
 from lmk.config.model import EncoderConfig
 from lmk.config.registry import declared_scorings
 from lmk.hub.push import Pushed, check_push, push_folder
@@ -186,9 +186,10 @@ def usage_source(out: Path, repo_id: str | None) -> str:
 
 
 def write_folder(run_dir: str | Path, out: str | Path, *, repo_id: str | None = None, table: str | Path | None = None,
-                 license_: str | None = None, base: str | None = None, multi_vector: bool = False) -> Publication:
+                 license_: str | None = None, base: str | None = None, multi_vector: bool | None = None) -> Publication:
     """Write the publication folder of a finished run (see the module doc); nothing is uploaded. The folder appears
-    whole or not at all: it is written beside `out` and renamed into place."""
+    whole or not at all: it is written beside `out` and renamed into place. `multi_vector` None: as the run was
+    trained (a MaxSim-trained run as its landmark states, `trains_landmark_states`; else one vector)."""
     run_dir, out = Path(run_dir), Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise PublishError(f"--out {out} exists and is not empty (files of another model would be published with "
@@ -197,6 +198,8 @@ def write_folder(run_dir: str | Path, out: str | Path, *, repo_id: str | None = 
     if results.status != STATUS_DONE or results.command == "evaluate":
         raise _unfinished(run_dir, results)
     model, _ = load_run_model(run_dir)
+    if multi_vector is None:
+        multi_vector = trains_landmark_states((results.config.get("train") or {}).get("objective"))
     section = results.eval if results.eval.tasks else None
     if section is not None and model.fingerprint() != section.fingerprint:
         log.warning("%s: the weights (fingerprint %s) are not the ones evaluated (%s); evaluate them again: "
@@ -261,7 +264,7 @@ def _write(run_dir: Path, folder: Path, model: Any, results: Results, section: E
 
 def publish(run_dir: str | Path, *, out: str | Path | None = None, repo_id: str | None = None, private: bool = False,
             revision: str | None = None, table: str | Path | None = None, license_: str | None = None,
-            base: str | None = None, multi_vector: bool = False) -> Publication:
+            base: str | None = None, multi_vector: bool | None = None) -> Publication:
     """Write the folder (into `out`, else a temporary one) and, with `repo_id`, push it to the hub."""
     if out is None and repo_id is None:
         raise PublishError("nothing to do: give --out DIR (write the folder) and/or --push-to-hub <org>/<name>")

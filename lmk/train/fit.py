@@ -23,7 +23,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
-from lmk.config import CKPT_AUTO, CKPT_FRESH, RootConfig, derive_seeds, to_container
+from lmk.config import CKPT_AUTO, CKPT_FRESH, RootConfig, derive_seeds, to_container, trains_landmark_states
 from lmk.data.datamodule import PairDataModule
 from lmk.data.landmarks import flat_summary
 from lmk.eval.callback import build_eval_callback
@@ -37,7 +37,7 @@ from lmk.run.console import redirected
 from lmk.run.loggers import build_logger, find_wandb, finish_loggers, wandb_info
 from lmk.run.quiet_logging import quiet_progress_bars, use_hydra_logging
 from lmk.run.results import STATUS_DONE, Results, Timer, config_hash_of, git_commit, update_results
-from lmk.sharing.st_folder import export_sentence_transformers
+from lmk.sharing.st_folder import export_multi_vector, export_sentence_transformers
 from lmk.train.checkpoints import AtomicCheckpointIO, ResumePoint, newest_valid, read_info, resume_point
 from lmk.train.fault_hooks import FaultCallback
 from lmk.train.guard import NonFiniteError, NonFiniteGuard
@@ -259,7 +259,10 @@ def _finish(run: _Run, fit_s: float, metrics: dict[str, float]) -> None:
     typed, run_dir = run.typed, run.run_dir
     if typed.train.export:
         with run.timer.section("export"), quiet_progress_bars():
-            export_sentence_transformers(run.model, run_dir / "export", prompts=query_prompts(typed.data.sources))
+            if trains_landmark_states(typed.train.objective):  # trained for MaxSim: shared as its landmark states
+                export_multi_vector(run.model, run_dir / "export", maxsim_query=typed.train.maxsim_query)
+            else:
+                export_sentence_transformers(run.model, run_dir / "export", prompts=query_prompts(typed.data.sources))
     timings: dict[str, Any] = dict(run.timer.timings)
     steps = metrics["global_step"] - (run.point.step or 0)  # a resumed fit ran only the rest
     timings["fit_steps"] = steps
