@@ -188,3 +188,37 @@ def test_a_run_evaluated_with_token_queries_exports_a_folder_whose_scores_equal_
     # the folder the export wrote before (queries as their landmarks) scores otherwise: the check can fail
     landmark_queries = export_multi_vector(model, tmp_path / "landmarks", maxsim_query="landmarks")
     assert folder_score(landmark_queries) != pytest.approx(card_score, abs=1e-5)
+
+
+@pytest.mark.slow  # three exports and an mteb evaluation of one of them
+def test_a_maxsim_trained_run_exports_multi_vector_by_default_and_one_vector_on_request(
+        model: EmbeddingModel, tmp_path: Path) -> None:
+    """A run trained with train.objective=maxsim (and scored so) is shared as its landmark states: its default export
+    is a MultiVectorEncoder whose mteb scores equal its card's, and the card names the objective; `--single-vector`
+    (multi_vector=False) still gives its one vector. A run trained for one vector keeps the single-vector default."""
+    import mteb
+    from sentence_transformers import MultiVectorEncoder
+
+    run = _finished_run(model, tmp_path / "run", "maxsim")
+    results = json.loads((run / "results.json").read_text())
+    results["config"]["train"] = {"objective": "maxsim", "maxsim_query": "landmarks", "maxsim_tau": 0.05}
+    (run / "results.json").write_text(json.dumps(results))
+    pub = write_folder(run, tmp_path / "out")  # no choice given: as the run was trained
+    modules = json.loads((pub.folder / "modules.json").read_text())
+    assert modules[1]["type"] == "landmark_mask.LandmarkVectorMask"
+    card = (pub.folder / "README.md").read_text()
+    assert "MaxSim InfoNCE (query landmark states against passage landmark states, maxsim_tau 0.05)" in card
+    assert "Scores computed with `eval.scoring=maxsim`" in card
+    mve = MultiVectorEncoder(str(pub.folder), trust_remote_code=True, device="cpu")
+    theirs = mteb.evaluate(mve, LocalShort({"test": _planted()}), cache=None, show_progress_bar=False,
+                           co2_tracker=False, raise_error=True).task_results[0].scores["test"][0]["main_score"]
+    assert theirs == pytest.approx(results["eval"]["tasks"]["LocalShort"]["main_score"], abs=1e-5)
+    one = write_folder(run, tmp_path / "one", multi_vector=False)
+    assert all(m["type"] != "landmark_mask.LandmarkVectorMask"
+               for m in json.loads((one.folder / "modules.json").read_text()))
+    results["config"]["train"] = {"objective": "single", "tau": 0.02}
+    (run / "results.json").write_text(json.dumps(results))
+    default = write_folder(run, tmp_path / "single-trained")
+    assert all(m["type"] != "landmark_mask.LandmarkVectorMask"
+               for m in json.loads((default.folder / "modules.json").read_text()))
+    assert "single-vector InfoNCE (tau 0.02)" in (default.folder / "README.md").read_text()
