@@ -1,10 +1,11 @@
-"""Extending is a recipe: docs/extending.md's pooling and scoring recipes, performed exactly as written in a copy of
-the repository, are picked up by the registries, by the tests' parametrisation and by `lmk.train` / `lmk.evaluate`,
-with no other file touched."""
+"""Extending is a recipe: docs/extending.md's pooling, scoring and training objective recipes, performed exactly as
+written in a copy of the repository, are picked up by the registries, by the tests' parametrisation and by
+`lmk.train` / `lmk.evaluate`, with no other file touched."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
@@ -24,6 +25,7 @@ PICKED_UP = ("tests/test_pooling.py", "tests/test_registry.py", "tests/test_mode
 
 POOLING_RECIPE = ["conf/pooling/lmk-max.yaml", "lmk/model/landmark/max_landmark.py", "lmk/model/landmark/names.py"]
 SCORING_RECIPE = ["lmk/config/scorings.py", "lmk/eval/mean_maxsim.py"]
+OBJECTIVE_RECIPE = ["lmk/config/objectives.py", "lmk/train/mean_maxsim.py"]
 
 
 def _recipe() -> dict[str, tuple[str | None, str]]:
@@ -38,7 +40,7 @@ def _copy_with(tmp_path: Path, paths: list[str]) -> Path:
         shutil.copytree(ROOT / part, copy / part, ignore=ignore)
     shutil.copy(ROOT / "pyproject.toml", copy / "pyproject.toml")
     recipe = _recipe()
-    assert sorted(recipe) == sorted(POOLING_RECIPE + SCORING_RECIPE), "the recipes: a class and its declaration each"
+    assert sorted(recipe) == sorted(POOLING_RECIPE + SCORING_RECIPE + OBJECTIVE_RECIPE), "the recipes: a class and its declaration each"
     for rel in paths:
         table, body = recipe[rel]
         if table:
@@ -124,3 +126,54 @@ def test_the_scoring_recipe_is_picked_up_everywhere(tmp_path: Path) -> None:
     section = json.loads((run_dir / "results.json").read_text())["eval"]
     assert section["scoring"] == "maxsim_mean" and section["maxsim_query"] == "landmarks"
     assert 0 <= section["tasks"]["LocalShort"]["main_score"] <= 1 and "maxsim_search_seconds" in section
+
+
+# the tiny training: Table 2's smoke scale (a tiny random ModernBERT, 2 steps on the CPU)
+TINY_TRAIN = ["experiment=table2-tiny", "++row=maxsim_mean"]
+
+# the objective's loss equals InfoNCE over MaxSim divided by each query's vector count, at train.tau
+OBJECTIVE_LOSS = """
+import torch
+from lmk.config import TrainSection
+from lmk.train.losses import maxsim, scores_loss
+from lmk.train.objectives import build_objective
+objective = build_objective(TrainSection(objective="maxsim_mean", tau=0.05))
+assert type(objective).__name__ == "MeanMaxSim" and objective.embedding == "landmark_states"
+torch.manual_seed(0)
+qs, ps = (torch.nn.functional.normalize(torch.randn(n, length, 8), dim=-1) for n, length in ((2, 3), (4, 5)))
+qm, pm = torch.tensor([[1, 1, 1], [1, 0, 0]]).bool(), torch.ones(4, 5, dtype=torch.bool)
+got = objective.loss((qs, qm), (ps, pm), group_size=2, in_batch=True, teacher_scores=None, offset=0)
+want = scores_loss(maxsim(qs, qm, ps, pm) / torch.tensor([[3.0], [1.0]]) / 0.05, 2, True)
+torch.testing.assert_close(got, want)
+"""
+
+
+@pytest.mark.slow  # a new objective through validation and a tiny training run, each a process of its own
+def test_the_objective_recipe_is_picked_up_everywhere(tmp_path: Path) -> None:
+    copy = _copy_with(tmp_path, OBJECTIVE_RECIPE)  # one class and its declaration
+
+    # the declaration validates torch-free, a misspelt name is refused naming it; the class builds from its module
+    code = ("import sys\nfrom lmk.config import ConfigError, TrainSection, registry\n"
+            f"import lmk.config as c; assert c.__file__.startswith({str(copy)!r}), c.__file__\n"
+            "assert TrainSection(objective='maxsim_mean').objective == 'maxsim_mean'\n"
+            "assert registry.declared_objectives()['maxsim_mean']['embedding'] == 'landmark_states'\n"
+            "try:\n    TrainSection.coerce({'objective': 'maxsim_maen'})\n"
+            "except ConfigError as e:\n    assert 'maxsim_mean' in str(e), e\nelse:\n    raise AssertionError\n"
+            "assert 'torch' not in sys.modules\n" + OBJECTIVE_LOSS)
+    proc = _run([sys.executable, "-c", code], copy)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+    # a pooling without landmark states is refused from the declared embedding, before any model loads
+    proc = _run([sys.executable, "-m", "lmk.train", *TINY_TRAIN, "pooling=cls", "train.objective=maxsim_mean",
+                 f"hydra.run.dir={tmp_path / 'refused'}"], copy)
+    assert proc.returncode != 0 and "train.objective=maxsim_mean: pooling 'cls'" in proc.stdout + proc.stderr
+    assert not (tmp_path / "refused" / "checkpoints").exists()
+
+    # a training run with it, through the real command (validation, model, Lightning, results.json)
+    run_dir = tmp_path / "run"
+    proc = _run([sys.executable, "-m", "lmk.train", *TINY_TRAIN, "pooling=lmk-fixed", "train.objective=maxsim_mean",
+                 f"hydra.run.dir={run_dir}"], copy)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["status"] == "done" and results["config"]["train"]["objective"] == "maxsim_mean"
+    assert results["metrics"]["global_step"] == 2 and math.isfinite(results["metrics"]["train/loss"])

@@ -242,11 +242,27 @@ def test_every_declared_objective_has_a_class_and_a_new_one_registers_once():
 
         with pytest.raises(ValueError, match="registered twice"):
             register_objective(Other)
+        assert registry.declared_objectives()["lmk_test_margin"]["module"] == __name__  # declared where it lives
     finally:
         from lmk.config import DECLARED_OBJECTIVES
 
         OBJECTIVE_CLASSES.pop("lmk_test_margin", None)
         DECLARED_OBJECTIVES.pop("lmk_test_margin", None)
+
+
+def test_a_declared_objective_is_built_from_its_declared_module():
+    from lmk.config import DECLARED_OBJECTIVES, declare_objective
+
+    for name, declared in registry.declared_objectives().items():  # each declared module registers its class
+        assert type(build_objective(TrainSection(objective=name))).__module__ == declared["module"]
+    try:  # a module that registers no class under the name: refused naming where the class should register
+        declare_objective("lmk_test_unbuilt", module="lmk.train.losses")
+        assert TrainSection(objective="lmk_test_unbuilt").objective == "lmk_test_unbuilt"
+        with pytest.raises(ValueError, match=r"train\.objective='lmk_test_unbuilt' has no registered class "
+                                             r"\(@register_objective in lmk\.train\.losses\)"):
+            build_objective(TrainSection(objective="lmk_test_unbuilt"))
+    finally:
+        DECLARED_OBJECTIVES.pop("lmk_test_unbuilt", None)
 
 
 def test_the_card_line_names_the_objective():

@@ -8,7 +8,8 @@ DECLARED_OBJECTIVES: {objective name: its needs}.
   embedding: what it needs from the model: "pooled" (the pooler's vector [N, H]) or "landmark_states" (each text's
     states at its pooled positions, a padded [N, L, H] tensor and a [N, L] bool mask: what eval MaxSim scores);
   temperature: the `train.*` key of its temperature (each objective has its own scale);
-  label: how a model card names it.
+  label: how a model card names it;
+  module: where its class lives (imported when the objective is first built: `lmk.train.objectives.build_objective`).
 """
 
 from __future__ import annotations
@@ -19,11 +20,12 @@ from typing import Any
 from lmk.config.schema import ConfigError
 
 EMBEDDINGS = ("pooled", "landmark_states")
-OBJECTIVE_NEEDS: dict[str, Any] = {"embedding": "pooled", "temperature": "tau", "label": ""}
+OBJECTIVE_NEEDS: dict[str, Any] = {"embedding": "pooled", "temperature": "tau", "label": "", "module": ""}
 
 DECLARED_OBJECTIVES: dict[str, dict[str, Any]] = {
-    "single": {"embedding": "pooled", "temperature": "tau", "label": "single-vector InfoNCE"},
-    "maxsim": {"embedding": "landmark_states", "temperature": "maxsim_tau", "label": "MaxSim InfoNCE"},
+    "single": {**OBJECTIVE_NEEDS, "label": "single-vector InfoNCE", "module": "lmk.train.objectives"},
+    "maxsim": {**OBJECTIVE_NEEDS, "embedding": "landmark_states", "temperature": "maxsim_tau",
+               "label": "MaxSim InfoNCE", "module": "lmk.train.objectives"},
 }
 
 

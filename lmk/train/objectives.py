@@ -3,9 +3,11 @@
 An objective says what it needs from the model (`embed`: the pooled vector [N, H], or each text's landmark states as
 a padded [N, L, H] tensor and a bool mask, lmk.train.embeddings) and computes its loss on the PairCollator layout
 (`loss`: in-batch and hard negatives, the cross-device offset, teacher distillation). Its declaration (embedding,
-temperature key, label) is plain Python in `lmk.config.objectives`, which config validation reads torch-free; a class
-registered from outside lmk declares its own from its class attributes. ContrastiveModule (lmk.train.module) gathers,
-caches and backpropagates whatever embedding the objective gives.
+temperature key, label, module) is plain Python in `lmk.config.objectives`, which config validation reads torch-free;
+`build_objective` imports a declared module on first use, so a class in a file of its own needs only its declaration
+(docs/extending.md, "A training objective"); a class registered from outside lmk declares its own from its class
+attributes. ContrastiveModule (lmk.train.module) gathers, caches and backpropagates whatever embedding the objective
+gives.
 
     single   InfoNCE on the pooled vector at `train.tau` (lmk.train.losses.info_nce)
     maxsim   InfoNCE on MaxSim scores at `train.maxsim_tau` (lmk.train.losses.maxsim_info_nce): the query's landmark
@@ -14,6 +16,7 @@ caches and backpropagates whatever embedding the objective gives.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
@@ -60,17 +63,22 @@ def register_objective(cls: type[Objective]) -> type[Objective]:
         raise ValueError(f"objective {cls.name!r} is registered twice ({OBJECTIVE_CLASSES[cls.name].__name__} and "
                          f"{cls.__name__}); give the new objective its own name")
     declared = DECLARED_OBJECTIVES.get(cls.name) or declare_objective(
-        cls.name, embedding=cls.embedding, temperature=cls.temperature, label=cls.label or cls.name)
+        cls.name, embedding=cls.embedding, temperature=cls.temperature, label=cls.label or cls.name,
+        module=cls.__module__)
     cls.embedding, cls.temperature, cls.label = declared["embedding"], declared["temperature"], declared["label"]
     OBJECTIVE_CLASSES[cls.name] = cls
     return cls
 
 
 def build_objective(cfg: TrainSection) -> Objective:
-    """The objective `cfg.objective` names, over the train settings `cfg`."""
+    """The objective `cfg.objective` names, over the train settings `cfg`; its declared `module` is imported on
+    first use (a class in a file of its own registers there)."""
+    module = DECLARED_OBJECTIVES.get(cfg.objective, {}).get("module")
+    if cfg.objective not in OBJECTIVE_CLASSES and module:
+        importlib.import_module(module)
     if cfg.objective not in OBJECTIVE_CLASSES:
-        raise ValueError(f"train.objective={cfg.objective!r} has no registered class; registered: "
-                         f"{', '.join(sorted(OBJECTIVE_CLASSES))}")
+        raise ValueError(f"train.objective={cfg.objective!r} has no registered class (@register_objective in "
+                         f"{module or 'its module'}); registered: {', '.join(sorted(OBJECTIVE_CLASSES))}")
     return OBJECTIVE_CLASSES[cfg.objective](cfg)
 
 
