@@ -28,5 +28,6 @@ __all__, __getattr__ = interface(__name__, {
     "lmk.sweep.rows": ("RowState", "decide", "finished_after_all", "lock_verdict", "recorded_job"),
     "lmk.sweep.spec": ("Column", "Scale", "SpecError", "load_spec", "validate_spec"),
     "lmk.sweep.table_renderer": ("MixedResultsError", "aggregate", "table_commits"),
+    "lmk.sweep.two_by_two": ("Quad", "quads"),
     "lmk.sweep.wandb_table": ("log_row_summaries", "log_table", "sweep_wandb"),
 }, modules=("authors", "pinned", "rows", "scale_artifacts", "table_renderer"))
