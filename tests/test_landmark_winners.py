@@ -83,11 +83,13 @@ def test_the_frame_names_each_models_pooling_and_objective_and_the_two_trainings
     runs = {"a": an.RunName("tiny/lmk-fixed", default), "b": an.RunName("tiny/lmk-fixed", other)}
     corpora = an.needle_corpora([256], 4, depths=[0.0, 0.5])
     frame = an.winning_landmarks({"b": tiny, "a": tiny, "c": tiny}, corpora, runs=runs, max_length=256)
+    untrained = an.RunName("c").objective  # a model not in `runs`: its label, untrained
     assert frame.groupby("model")["objective"].unique().map(list).to_dict() == {
-        "a": [default], "b": [other], "c": [an.common.UNTRAINED]}  # not in runs: its label, untrained
+        "a": [default], "b": [other], "c": [untrained]}
     assert frame.groupby("model")["pooling"].first().to_dict() == {"a": "tiny/lmk-fixed", "b": "tiny/lmk-fixed",
                                                                    "c": "c"}
-    assert an.objective_order(frame) == [default, other, an.common.UNTRAINED]  # the schema's default first
+    assert untrained not in (default, other)
+    assert an.objective_order(frame) == [default, other, untrained]  # the schema's default first
     # one model under two trainings: the same winners, so both columns of the table agree with near_needle_share
     table = an.winners_by_objective(frame)
     share = an.near_needle_share(frame)["a"]
