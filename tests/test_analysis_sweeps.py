@@ -15,7 +15,7 @@ from matplotlib.figure import Figure
 from omegaconf import OmegaConf
 
 from lmk import analysis as an
-from lmk.config import group_file
+from lmk.config import TrainSection, group_file, registry
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = {"num_hidden_layers": 1, "hidden_size": 32, "num_attention_heads": 2, "intermediate_size": 64,
@@ -30,8 +30,10 @@ def _configs(pooling: str) -> tuple[dict, dict]:
     return enc, pool
 
 
-def write_run(run_dir: Path, row: str, pooling: str, per_query: dict, status: str = "done", seed: int = 0):
-    """A sweep row as lmk.train leaves it at tiny scale: .hydra config, last.ckpt (no export), results."""
+def write_run(run_dir: Path, row: str, pooling: str, per_query: dict, status: str = "done", seed: int = 0,
+              train: dict | None = None):
+    """A sweep row as lmk.train leaves it at tiny scale: .hydra config, last.ckpt (no export), results (with a
+    `train` section when given)."""
     from lmk.model.embedding import EmbeddingModel
 
     enc, pool = _configs(pooling)
@@ -43,7 +45,7 @@ def write_run(run_dir: Path, row: str, pooling: str, per_query: dict, status: st
                run_dir / "checkpoints" / "last.ckpt")
     (run_dir / "per_query.json").write_text(json.dumps(per_query))
     (run_dir / "results.json").write_text(json.dumps({
-        "status": status, "config": {"encoder": enc, "pooling": pool, "row": row},
+        "status": status, "config": {"encoder": enc, "pooling": pool, "row": row, **({"train": train} if train else {})},
         "eval": {"per_query": "per_query.json"}}))
     return model
 
@@ -89,6 +91,26 @@ def test_choose_models_loads_the_trained_checkpoints_and_says_so(sweeps) -> None
     np.testing.assert_allclose(choice.models["tiny-modernbert/cls"].encode(texts), built["cls"].encode(texts),
                                atol=1e-5)
     assert an.pooling_kind(choice.models["tiny-modernbert/lmk-fixed-32"]) == "lmk"
+
+
+def test_two_trainings_of_one_pooling_get_two_labels_and_say_their_objective(tmp_path: Path) -> None:
+    default = TrainSection.objective
+    other = next(o for o in registry.declared_objectives() if o != default)
+    sweep = tmp_path / "table2" / "mini"
+    write_run(sweep / "train" / "lmk-fixed-32", "lmk-fixed-32", "lmk-fixed", PER_QUERY["lmk-fixed-32"])  # no train.*
+    write_run(sweep / "train" / "lmk-fixed-32-mt", "lmk-fixed-32-mt", "lmk-fixed", PER_QUERY["lmk-fixed-32"],
+              seed=1, train={"objective": other})
+    write_run(sweep / "train" / "lmk-fixed-32-st", "lmk-fixed-32-st", "lmk-fixed", PER_QUERY["lmk-fixed-32"],
+              seed=2, train={"objective": default})  # the default named: the same label, told apart by its folder
+    choice = an.choose_models(table2_root=tmp_path / "table2")
+    pooling = "tiny-modernbert/lmk-fixed-32"
+    mt = f"{pooling} (trained with {an.objective_label(other)})"
+    assert list(choice.models) == [pooling, mt, f"{pooling} (lmk-fixed-32-st)"]
+    assert choice.runs[pooling] == an.RunName(pooling, default)
+    assert choice.runs[mt] == an.RunName(pooling, other) and choice.runs[mt].label == mt
+    assert all(run.label == label for label, run in choice.runs.items())
+    untrained = an.choose_models(table2_root=tmp_path / "empty", encoders=["tiny-modernbert"], poolings=["cls"])
+    assert untrained.runs == {"tiny-modernbert/cls": an.RunName("tiny-modernbert/cls")}
 
 
 def test_choose_models_falls_back_to_untrained_encoders(tmp_path: Path) -> None:

@@ -15,11 +15,14 @@ from hub_server import HubServer
 from omegaconf import OmegaConf
 
 from lmk.analysis import notebooks as nbr
+from lmk.analysis import objective_label
+from lmk.config import TrainSection, registry
 from lmk.config.paths import repo_root
 from lmk.export import export_sentence_transformers
 from lmk.model.embedding import EmbeddingModel
 from lmk.sweep import pinned
 from lmk.sweep.scale_artifacts import scale_artifacts
+from lmk.sweep.spec import load_spec
 
 REPO = repo_root()
 SPEC = REPO / "experiments" / "table2" / "spec.yaml"
@@ -75,16 +78,25 @@ def test_repo_root_is_found_from_the_repository_not_a_module_depth():
 @pytest.mark.slow  # the tiny sweep, then the notebook through make; the notebook itself runs fast in tests/test_notebook.py
 def test_make_notebooks_as_typed_after_a_sweep(tiny_sweep):
     proc = make("notebooks", f"OUT={tiny_sweep}")  # no SCALE: the runner picks the sweep present
+    other = next(o for o in registry.declared_objectives() if o != TrainSection.objective)  # MaxSim InfoNCE
     assert "no notebooks found" not in proc.stdout + proc.stderr
     executed = tiny_sweep / "notebooks" / "attention_position_bias.ipynb"
     nb = nbr.read(executed)
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
     assert not [o for o in outputs if o.output_type == "error"]
     said = [o.get("text", "") for o in outputs if o.output_type == "stream" and "Using the" in o.get("text", "")]
-    assert said and said[0].startswith("Using the tiny sweep, 7 trained runs")  # it says which sweep it analysed
+    spec = load_spec(SPEC)
+    trained = [r for r in spec.rows_for(spec.scale("tiny")) if r.scoring_of is None]  # scoring_of rows train nothing
+    assert said and said[0].startswith(f"Using the tiny sweep, {len(trained)} trained runs")  # which sweep it analysed
     figures = sorted((tiny_sweep / "notebooks" / "attention_position_bias_figures").glob("*.png"))
     assert len(figures) == 6 and all(f.read_bytes()[:8] == PNG for f in figures)
-    assert "winning_landmark.png" in {f.name for f in figures}  # the per-landmark view (MaxSim winner vs needle)
+    # the per-landmark view (MaxSim winner vs needle): the tiny sweep trains its LMK rows with both objectives (the
+    # -mt rows), so the figure puts them side by side instead of one panel per model (winning_landmark.png)
+    assert any(o.startswith(f"train.objective={other}") for r in trained for o in r.overrides)
+    names = {f.name for f in figures}
+    assert "winning_landmark_by_objective.png" in names and "winning_landmark.png" not in names
+    text = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
+    assert f"(trained with {objective_label(other)}): winning landmark within ±1 chunk" in text  # its own label
 
 
 @pytest.mark.slow  # it reads the tiny sweep the slow tests build

@@ -13,7 +13,7 @@ Three probes, each a plain function over an `EmbeddingModel` (the notebook
    embedding and the embedding of each of its chunks alone, against the chunk's relative position.
 
 `landmark_winners` is the per-landmark view of MaxSim scoring: for each needle query, which document landmark
-wins the MaxSim against the landmark of the needle's chunk. `lengths` reads a Table 2 sweep's per-query scores into score vs document length per pooling (the
+wins the MaxSim against the landmark of the needle's chunk, per pooling and training objective side by side. `lengths` reads a Table 2 sweep's per-query scores into score vs document length per pooling (the
 paper's Figure 1 view, nothing re-encoded). `runs` picks the models to compare (the latest
 `make reproduce-table2` runs, else untrained encoders), `plots` draws the results.
 Everything is re-exported here, so `from lmk import analysis as an; an.attention_profile(...)` works.
@@ -34,7 +34,7 @@ from lmk.analysis.attention import (
     profile_models,
     record_pooled_attention,
 )
-from lmk.analysis.common import bin_centers
+from lmk.analysis.common import RunName, bin_centers, objective_label
 from lmk.analysis.evidence import (
     TASKS,
     depth_bins,
@@ -48,6 +48,8 @@ from lmk.analysis.landmark_winners import (
     near_needle_share,
     needle_corpora,
     needle_landmark,
+    objective_order,
+    winners_by_objective,
     winning_landmarks,
 )
 from lmk.analysis.lengths import length_curves, length_scores, split_length
@@ -59,6 +61,7 @@ from lmk.analysis.plots import (
     plot_length_scores,
     plot_position_similarity,
     plot_winning_landmarks,
+    plot_winning_landmarks_by_objective,
     save_figure,
 )
 from lmk.analysis.position import position_curve, position_similarity, similarity_curves
@@ -103,9 +106,14 @@ __all__ = [
     "plot_length_scores",
     "plot_position_similarity",
     "plot_winning_landmarks",
+    "plot_winning_landmarks_by_objective",
     "near_needle_share",
     "needle_corpora",
     "needle_landmark",
+    "objective_label",
+    "objective_order",
+    "RunName",
+    "winners_by_objective",
     "winning_landmarks",
     "pooled_rows",
     "pooling_kind",

@@ -7,6 +7,10 @@ query's winning landmark is the one with the highest similarity to any of its ve
 one that closes the chunk holding the needle's middle token (the first landmark after it; with the authors'
 placement, the one before it). A needle cut away by truncation, or in a last chunk that no landmark closes, has none:
 its row keeps `needle_landmark` NaN and is left out of the share.
+
+Each row also names the model's pooling row and the objective that trained it (`RunName`, from the sweep's
+results.json: `ModelChoice.runs`), so the two trainings of one pooling (`train.objective`) can be put side by side:
+`winners_by_objective` tabulates them, `lmk.analysis.plots.plot_winning_landmarks_by_objective` draws them.
 """
 
 from __future__ import annotations
@@ -17,7 +21,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from lmk.analysis.common import _max_length
+from lmk.analysis.common import RunName, _max_length, objective_label
+from lmk.config import TrainSection
 from lmk.data import ruler
 from lmk.eval.maxsim import maxsim_winners
 from lmk.model.landmark import vector_mask
@@ -54,15 +59,22 @@ def needle_landmark(model: EmbeddingModel, text: str, offset: int, needle: str, 
     return (index if 0 <= index < len(kept) else None), len(kept)
 
 
+COLUMNS = ["model", "pooling", "objective", "length", "query_id", "depth", "n_landmarks", "needle_landmark", "winner",
+           "distance"]
+
+
 def winning_landmarks(models: Mapping[str, EmbeddingModel], corpora: Mapping[int, RetrievalCorpus], *,
-                      max_length: int | None = None, batch_size: int = 8) -> pd.DataFrame:
-    """One row per (model, needle query) against the query's own document: model, length, query_id, depth,
+                      runs: Mapping[str, RunName] | None = None, max_length: int | None = None,
+                      batch_size: int = 8) -> pd.DataFrame:
+    """One row per (model, needle query) against the query's own document: model (its label), pooling and objective
+    (from `runs[label]`, e.g. `ModelChoice.runs`; a model not in it: its label, untrained), length, query_id, depth,
     n_landmarks, needle_landmark (NaN: none), winner (index of the winning document landmark), distance (winner -
     needle_landmark). Models without landmark states (CLS, mean) are skipped."""
     rows = []
     for label, model in models.items():
         if no_landmarks(model) is not None:
             continue
+        run = (runs or {}).get(label) or RunName(label)
         length_cap = _max_length(model, max_length)
         for length, rc in corpora.items():
             docs = {d["id"]: d for d in rc.corpus}
@@ -74,11 +86,10 @@ def winning_landmarks(models: Mapping[str, EmbeddingModel], corpora: Mapping[int
                 index, n = needle_landmark(model, d["text"], d["offset"], d["needle"], length_cap)
                 winners, best = maxsim_winners(qv, dv)
                 winner = int(winners[int(np.argmax(best))])
-                rows.append({"model": label, "length": int(length), "query_id": q["id"], "depth": float(q["depth"]),
+                rows.append({"model": label, "pooling": run.pooling, "objective": run.objective, "length": int(length), "query_id": q["id"], "depth": float(q["depth"]),
                              "n_landmarks": n, "needle_landmark": np.nan if index is None else index,
                              "winner": winner, "distance": np.nan if index is None else winner - index})
-    return pd.DataFrame(rows, columns=["model", "length", "query_id", "depth", "n_landmarks", "needle_landmark",
-                                       "winner", "distance"])
+    return pd.DataFrame(rows, columns=COLUMNS)
 
 
 def near_needle_share(frame: pd.DataFrame, within: int = 1) -> pd.Series:
@@ -86,3 +97,23 @@ def near_needle_share(frame: pd.DataFrame, within: int = 1) -> pd.Series:
     chunks of the needle's."""
     seen = frame.dropna(subset=["needle_landmark"])
     return (seen["distance"].abs() <= within).groupby(seen["model"]).mean().rename(f"within_{within}")
+
+
+def objective_order(frame: pd.DataFrame) -> list[str]:
+    """The objectives of a `winning_landmarks` frame, the schema's default (`train.objective`) first, then as met."""
+    return sorted(dict.fromkeys(frame["objective"]), key=lambda o: o != TrainSection.objective)
+
+
+def winners_by_objective(frame: pd.DataFrame, within: int = 1) -> pd.DataFrame:
+    """Pooling (rows) x objective (columns, by their card labels) of the share of needle queries whose winning
+    landmark is within `within` chunks of the needle's, and of the mean |winner - needle landmark| (queries with a
+    needle landmark only); NaN where a pooling was not trained with an objective."""
+    seen = frame.dropna(subset=["needle_landmark"]).assign(
+        near=lambda f: (f["distance"].abs() <= within).astype(float), gap=lambda f: f["distance"].abs().astype(float))
+    objectives = objective_order(seen)
+    table = seen.groupby(["pooling", "objective"], sort=False)[["near", "gap"]].mean().unstack("objective")
+    table = table.reindex(columns=pd.MultiIndex.from_product([["near", "gap"], objectives]))
+    table.columns = pd.MultiIndex.from_tuples(
+        [(f"within +/-{within}" if metric == "near" else "mean |distance|", objective_label(o))
+         for metric, o in table.columns], names=["", "objective"])
+    return table

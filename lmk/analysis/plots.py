@@ -13,6 +13,8 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from lmk.analysis.attention import AttentionProfile
+from lmk.analysis.common import objective_label
+from lmk.analysis.landmark_winners import near_needle_share, objective_order
 
 
 def _grid(n: int, ncols: int, size: tuple[float, float] = (4.2, 3.2)) -> tuple[Figure, list[Any]]:
@@ -150,31 +152,77 @@ def plot_length_scores(curves: pd.DataFrame, block: str = "train", title: str | 
     return fig
 
 
+def _top(part: pd.DataFrame) -> float:
+    return float(max(part["needle_landmark"].max(), part["winner"].max())) + 1
+
+
+def _draw_winners(ax: Any, part: pd.DataFrame, within: int, title: str, rng: np.random.Generator,
+                  top: float | None = None) -> None:
+    """The needle's landmark (x) against the winning landmark (y) of `part`'s queries, coloured by needle depth, with
+    the diagonal and its +/- `within` band; both axes up to `top` (default: `part`'s largest index + 1)."""
+    top = _top(part) if top is None else top
+    grid = np.array([0.0, top])
+    ax.fill_between(grid, grid - within, grid + within, color="tab:green", alpha=0.15, label=f"within +/-{within}")
+    ax.plot(grid, grid, color="grey", lw=0.8, ls="--")
+    ax.scatter(part["needle_landmark"] + rng.uniform(-0.15, 0.15, len(part)),
+               part["winner"] + rng.uniform(-0.15, 0.15, len(part)), c=part["depth"], cmap="viridis",
+               vmin=0, vmax=1, s=14)
+    ax.set_xlim(-0.5, top - 0.5)
+    ax.set_ylim(-0.5, top - 0.5)
+    ax.set_xlabel("needle's landmark (chunk index)")
+    ax.set_ylabel("winning landmark")
+    ax.set_title(title, fontsize=9)
+
+
+def _seen(frame: pd.DataFrame) -> pd.DataFrame:
+    seen = frame.dropna(subset=["needle_landmark"])
+    if seen.empty:
+        raise ValueError("no needle query has a needle landmark (all cut by truncation?): lower the depths or lengths")
+    return seen
+
+
 def plot_winning_landmarks(frame: pd.DataFrame, shares: pd.Series, within: int = 1,
                            title: str = "winning landmark vs the needle's landmark") -> Figure:
     """One panel per model: the needle's landmark index (x) against the landmark that wins the query's MaxSim (y),
     the diagonal and its +/- `within` band shaded; the panel title gives the share inside the band."""
-    seen = frame.dropna(subset=["needle_landmark"])
-    if seen.empty:
-        raise ValueError("no needle query has a needle landmark (all cut by truncation?): lower the depths or lengths")
+    seen = _seen(frame)
     models = list(dict.fromkeys(seen["model"]))
     fig, axes = _grid(len(models), ncols=3, size=(3.8, 3.4))
     rng = np.random.default_rng(0)  # jitter only: many points share integer coordinates
     for ax, name in zip(axes, models, strict=True):
-        part = seen[seen["model"] == name]
-        top = float(max(part["needle_landmark"].max(), part["winner"].max())) + 1
-        grid = np.array([0.0, top])
-        ax.fill_between(grid, grid - within, grid + within, color="tab:green", alpha=0.15, label=f"within +/-{within}")
-        ax.plot(grid, grid, color="grey", lw=0.8, ls="--")
-        ax.scatter(part["needle_landmark"] + rng.uniform(-0.15, 0.15, len(part)),
-                   part["winner"] + rng.uniform(-0.15, 0.15, len(part)), c=part["depth"], cmap="viridis",
-                   vmin=0, vmax=1, s=14)
-        ax.set_xlim(-0.5, top - 0.5)
-        ax.set_ylim(-0.5, top - 0.5)
-        ax.set_xlabel("needle's landmark (chunk index)")
-        ax.set_ylabel("winning landmark")
-        ax.set_title(f"{name}: {100 * shares.get(name, np.nan):.0f}% within +/-{within}", fontsize=9)
+        _draw_winners(ax, seen[seen["model"] == name], within,
+                      f"{name}: {100 * shares.get(name, np.nan):.0f}% within +/-{within}", rng)
     axes[0].legend(fontsize=7, loc="upper left")
+    fig.suptitle(title, fontsize=10)
+    return fig
+
+
+def plot_winning_landmarks_by_objective(frame: pd.DataFrame, within: int = 1,
+                                        title: str = "winning landmark vs the needle's landmark") -> Figure:
+    """The two trainings of each pooling side by side: a row of panels per pooling, a column per training objective
+    (`winning_landmarks`' pooling and objective columns; the schema's default objective first), each panel as in
+    `plot_winning_landmarks` with the share within +/- `within` chunks in its title; a pooling not trained with an
+    objective leaves that panel empty. With one objective only, `plot_winning_landmarks` (one panel per model)."""
+    seen = _seen(frame)
+    objectives = objective_order(seen)
+    if len(objectives) < 2:
+        return plot_winning_landmarks(frame, near_needle_share(frame, within), within, title)
+    poolings = list(dict.fromkeys(seen["pooling"]))
+    fig = Figure(figsize=(3.8 * len(objectives), 3.4 * len(poolings)), layout="constrained")
+    axes = fig.subplots(len(poolings), len(objectives), squeeze=False)
+    rng = np.random.default_rng(0)  # jitter only: many points share integer coordinates
+    for i, pooling in enumerate(poolings):
+        top = _top(seen[seen["pooling"] == pooling])  # one scale per pooling: its objectives compare point by point
+        for j, objective in enumerate(objectives):
+            ax, part = axes[i][j], seen[(seen["pooling"] == pooling) & (seen["objective"] == objective)]
+            if part.empty:
+                ax.set_axis_off()
+                ax.set_title(f"{pooling}: not trained with {objective_label(objective)}", fontsize=9)
+                continue
+            share = float((part["distance"].abs() <= within).mean())
+            _draw_winners(ax, part, within, f"{pooling}\n{objective_label(objective)}: "
+                          f"{100 * share:.0f}% within +/-{within}", rng, top)
+    next(ax for ax in axes.ravel() if ax.axison).legend(fontsize=7, loc="upper left")
     fig.suptitle(title, fontsize=10)
     return fig
 

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lmk.config import CONF_DIR, group_file, group_options
+from lmk.analysis.common import RunName
+from lmk.config import CONF_DIR, TrainSection, group_file, group_options
 from lmk.config.model import pooling_label
 from lmk.config.paths import in_repo
 from lmk.model.embedding import EmbeddingModel
@@ -39,17 +40,18 @@ def _load_cfg(conf: Path, group: str, name: str) -> Any:
     return group_file(group, name, conf)  # with its `_base` defaults, as Hydra composes it
 
 
-def _run_label(run_dir: Path) -> str:
+def _run_name(run_dir: Path) -> RunName:
+    """A run's pooling row ("encoder/pooling" from its results.json, else the folder name) and its objective
+    (`train.objective`; a run from before that key trained with the schema's default)."""
     try:
         cfg = json.loads((run_dir / "results.json").read_text()).get("config", {})
         enc = cfg.get("encoder", {}).get("name")
         pool = cfg.get("pooling", {})
         pname = pooling_label(pool) if pool.get("name") else None  # the one row label (chunked: with the chunk size)
-        if enc and pname:
-            return f"{enc}/{pname}"
+        objective = (cfg.get("train") or {}).get("objective") or TrainSection.objective
+        return RunName(f"{enc}/{pname}" if enc and pname else run_dir.name, objective)
     except (OSError, ValueError, AttributeError):
-        pass
-    return run_dir.name
+        return RunName(run_dir.name, TrainSection.objective)
 
 
 def _has_weights(run_dir: Path) -> bool:
@@ -141,6 +143,7 @@ class ModelChoice:
     sweep_dir: Path | None    # the Table 2 sweep folder of trained runs (None for untrained models)
     description: str
     scale: str | None = None  # the sweep's scale (None for untrained models)
+    runs: dict[str, RunName] = field(default_factory=dict)  # label -> its pooling row and training objective
 
     def __str__(self) -> str:
         return self.description
@@ -179,27 +182,38 @@ def choose_models(
     if sweep is not None:
         runs_root = sweep / "train" if trained_runs(sweep) else sweep
         models = load_models(runs_root, device=device)
-        where = "".join(f"\n  {label} <- {folder}" for label, folder in _run_folders(runs_root).items())
+        folders = _runs(runs_root)
+        where = "".join(f"\n  {label} <- {folder}" for label, (folder, _) in folders.items())
         picked = "named by `scale`" if scale is not None else "the most meaningful scale present" \
             if results_dir is None else "given as results_dir"
         name = sweep_scale(sweep)
         return ModelChoice(models, "trained", sweep, f"scale {name!r} ({picked}): {len(models)} trained runs of "
-                           f"{sweep}:{where}", scale=name)
+                           f"{sweep}:{where}", scale=name,
+                           runs={label: run for label, (_, run) in folders.items()})
     models = load_models(None, encoders, poolings, device=device)
     looked = "" if not prefer_trained else (
         f" (no finished `make reproduce-table2` run under {Path(table2_root) if table2_root else default_table2_root()})"
     )
     return ModelChoice(models, "untrained", None,
-                       f"untrained fallback{looked}: {', '.join(models)} -- the mechanics, not the paper's result")
+                       f"untrained fallback{looked}: {', '.join(models)} -- the mechanics, not the paper's result",
+                       runs={label: RunName(label) for label in models})
+
+
+def _runs(root: Path) -> dict[str, tuple[Path, RunName]]:
+    """label -> (run folder, its name), in load_models' order and labelling; two runs of one name (pooling and
+    objective) are told apart by their folder names."""
+    out: dict[str, tuple[Path, RunName]] = {}
+    for run in _weight_runs(root):
+        name = _run_name(run)
+        if name.label in out:
+            name = RunName(f"{name.pooling} ({run.name})", name.objective)
+        out[name.label] = (run, name)
+    return out
 
 
 def _run_folders(root: Path) -> dict[str, Path]:
     """label -> run folder, in load_models' order and labelling."""
-    out: dict[str, Path] = {}
-    for run in _weight_runs(root):
-        label = _run_label(run)
-        out[label if label not in out else f"{label} ({run.name})"] = run
-    return out
+    return {label: folder for label, (folder, _) in _runs(root).items()}
 
 
 def _weight_runs(root: Path) -> list[Path]:
@@ -217,7 +231,8 @@ def load_models(
     """Labelled models to compare, on `device`.
 
     results_dir given: every run folder under it (a Table 2 sweep) holding results.json and export/ (or
-    checkpoints/last.ckpt), labelled "encoder/pooling" from its results.json (else the folder name). Otherwise each encoder of
+    checkpoints/last.ckpt), labelled "encoder/pooling" from its results.json (else the folder name), with
+    "(trained with <objective>)" where its `train.objective` is not the default (`RunName.label`). Otherwise each encoder of
     conf/encoder/ built once (untrained heads; random init for tiny-modernbert) and re-pooled with each
     of conf/pooling/ via with_pooling, so the poolings of one encoder share the very same weights.
     """
