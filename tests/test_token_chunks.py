@@ -177,3 +177,31 @@ def test_token_budget_chunks_replay_dropout(objective):
     torch.manual_seed(7)
     with torch.no_grad():
         assert abs(float(module.forward_loss(batch)) - float(ref)) > 1e-4
+
+
+# ---- the record -----------------------------------------------------------------------------------------------------
+def test_results_record_the_fill_of_the_padded_and_the_token_budget_runs(tmp_path):
+    """results.json's `fill`: real tokens against tokens computed over the run, for the default (batch-padded) run
+    too; the token-budget run trains on the same tokens and computes fewer; metrics.csv logs each step's fill."""
+    import csv
+
+    from test_train import in_process, results, write_pairs
+
+    pairs = write_pairs(tmp_path / "pairs.jsonl")
+    runs = {"padded": (), "tokens": ("train.grad_cache=true", "train.grad_cache_tokens=24")}
+    fills = {}
+    for name, extra in runs.items():
+        in_process(tmp_path / name, pairs, "trainer.max_steps=2", "seed=1", *extra)
+        fills[name] = results(tmp_path / name)["fill"]
+        rows = list(csv.DictReader(open(tmp_path / name / "metrics.csv")))
+        logged = [float(r["train/fill"]) for r in rows if r.get("train/fill")]
+        assert len(logged) == 2 and all(0 < f <= 1 for f in logged), name
+        assert fills[name]["mean_batch_fill"] == pytest.approx(sum(logged) / 2, rel=1e-5), name
+    padded, tokens = fills["padded"], fills["tokens"]
+    assert (padded["chunks"], tokens["chunks"], tokens["grad_cache_tokens"]) == ("batch", "tokens", 24)
+    assert padded["batches"] == tokens["batches"] == 2
+    assert padded["real_tokens"] == tokens["real_tokens"] > 0  # the same batches
+    assert tokens["computed_tokens"] < padded["computed_tokens"]
+    for fill in (padded, tokens):
+        assert fill["fill"] == pytest.approx(fill["real_tokens"] / fill["computed_tokens"], abs=1e-6)
+    assert padded["fill"] < tokens["fill"] <= 1
