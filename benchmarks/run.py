@@ -26,6 +26,7 @@ SECTIONS: dict[str, str] = {
     "tokenization": "benchmarks.bench_tokenization",
     "encode": "benchmarks.bench_encode",
     "train_step": "benchmarks.bench_train_step",
+    "train_tokens": "benchmarks.bench_token_budget",
     "long_inputs": "benchmarks.bench_long_inputs",
     "roofline": "benchmarks.bench_roofline",
     "gpu": "benchmarks.bench_gpu",

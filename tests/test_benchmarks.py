@@ -116,6 +116,16 @@ def test_lightning_and_raw_loop_losses_equal(report):
     assert len(set(d["raw_losses"])) > 1
 
 
+def test_token_budget_step_section(report):
+    """Padded and token-budget grad-cache steps see the same real tokens; the token budget computes no more and
+    starts from the same loss (identical weights, no dropout)."""
+    f = _fig(report, "train_tokens", "token_budget_vs_padded_step")
+    d = f["details"]
+    assert f["ours"] > 0 and f["peer"] > 0 and len(d["ratio_samples"]) == len(d["padded_round_s"])
+    assert 0 < d["fill_padded"] <= d["fill_tokens"] <= 1
+    assert d["first_loss_diff"] <= 1e-5 and d["passage_tokens_max"] <= d["passage_len"]
+
+
 # ------------------------------------------------------------------------------------ long inputs
 def test_long_inputs_section(report):
     for length in (64, 128):

@@ -40,20 +40,27 @@ def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
     return torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)["state_dict"]
 
 
+# token-budget mini-batches (lmk.train.chunks) under grad cache: chunks of their own widths, each chunk's dropout
+# masks replayed, and the run's fill counts carried by the checkpoint
+TOKEN_BUDGET = ("train.grad_cache=true", "train.grad_cache_tokens=24")
+
+
 @pytest.mark.slow  # three tiny 16-step runs: about 40 s on 2 busy cores
-def test_killed_mid_epoch_resume_matches_uninterrupted_run(tmp_path):
+@pytest.mark.parametrize("mini_batches", [(), TOKEN_BUDGET], ids=["padded", "token-budget"])
+def test_killed_mid_epoch_resume_matches_uninterrupted_run(tmp_path, mini_batches):
     pairs = write_pairs(tmp_path / "pairs.jsonl")
     ref, run = tmp_path / "ref", tmp_path / "run"
-    in_process(ref, pairs, *SETUP)
+    setup = (*SETUP, *mini_batches)
+    in_process(ref, pairs, *setup)
 
-    cmd = [sys.executable, "-c", KILLER, "13", *overrides(run, pairs, *SETUP)]
+    cmd = [sys.executable, "-c", KILLER, "13", *overrides(run, pairs, *setup)]
     killed = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
     assert killed.returncode == -9, killed.stderr[-3000:]
     assert results(run)["status"] == "running" and max(s for s, _ in losses(run)) >= 11  # past step 10
     wandb_id = results(run)["wandb"]["id"]  # recorded at start, before the kill
 
     with pytest.warns() as caught:
-        in_process(run, pairs, *SETUP)  # the same command: ckpt_path=auto takes the newest valid checkpoint
+        in_process(run, pairs, *setup)  # the same command: ckpt_path=auto takes the newest valid checkpoint
     assert not [w for w in caught if "not resumable" in str(w.message)]
     res = results(run)
     assert res["status"] == "done" and res["checkpoints"]["resumed_from"].endswith("last.ckpt")
@@ -64,6 +71,8 @@ def test_killed_mid_epoch_resume_matches_uninterrupted_run(tmp_path):
     assert losses(run) == losses(ref)
     a, b = final_weights(ref), final_weights(run)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    # the run's fill counts every step once: the checkpoint's counts, then the steps after it
+    assert res["fill"] == results(ref)["fill"] and res["fill"]["batches"] == 16
 
     # The same W&B run continues: one id in the folder, both segments' offline runs carry it.
     assert res["wandb"]["id"] == wandb_id == (run / "wandb_run_id").read_text()

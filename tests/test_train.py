@@ -94,6 +94,8 @@ def test_cli_end_to_end_with_wandb_offline(tmp_path, pairs):
     summary, _ = wandb_summary(run_dir, res["wandb"]["id"])
     assert summary["landmarks/train/pairs.jsonl/passage/single_landmark_share"] == 1.0
     assert summary["landmarks/train/pairs.jsonl/query/truncated_share"] == figures["query"]["truncated_share"]
+    # tokens computed against real tokens (lmk.train.chunks): results.json and the W&B summary alike
+    assert 0 < res["fill"]["fill"] < 1 and summary["fill/fill"] == res["fill"]["fill"]
     # The export reloads and embeds like the final checkpoint's weights.
     import torch
 

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import yaml
 
+from lmk.sweep import quads
 from lmk.sweep.spec import load_spec
 from lmk.sweep.table_renderer import aggregate
-from lmk.sweep import quads
 from tests.test_tables import SPEC, write_run
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -85,6 +85,11 @@ class TrainSection(Coercible):
     grad_scale: float = above(0, 1.0)
     grad_cache: bool = False
     grad_cache_chunk: int = at_least(1, 32)
+    # the most tokens (rows x the chunk's own longest row) per mini-batch of a step: rows sorted by length, each chunk
+    # padded only to its own longest (lmk.train.chunks); grad cache on: its chunks (instead of grad_cache_chunk rows),
+    # off: sub-batches embedded with graphs. 0: off (every row padded to the step's longest). The loss and gradients
+    # are the padded step's up to float rounding. (added after runs were hashed: hash-neutral at its default)
+    grad_cache_tokens: int = hash_neutral(0, ge=0)
     gather_across_devices: bool = True
     in_batch_negatives: bool = True
     use_teacher_scores: bool = True

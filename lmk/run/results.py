@@ -104,6 +104,8 @@ class Results:
     # tasks' own are in eval.tasks.<task>.landmarks
     landmarks: dict[str, Any] = field(default_factory=dict)
     checkpoints: dict[str, Any] = field(default_factory=dict)  # last, best, resumed_from
+    # real tokens against tokens computed (rows x width) over the run's batches: train.grad_cache_tokens's effect
+    fill: dict[str, Any] = field(default_factory=dict)
     export: str | None = None  # the sentence-transformers folder
     non_finite: dict[str, Any] = field(default_factory=dict)  # where the non-finite guard stopped the run
     eval: EvalRecord = field(default_factory=EvalRecord)

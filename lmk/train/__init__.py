@@ -8,6 +8,7 @@
     losses.py    the contrastive losses (pure functions): InfoNCE on vectors, on MaxSim scores
     embeddings.py  an embedding as the objectives give it: a Tensor, or padded multi-vector (states, mask)
     gradcache.py gradient caching: paper-scale batches in one chunk's memory
+    chunks.py    a step's mini-batches: by rows, or by a token budget (each padded to its own longest row)
     resume.py    exact resume (RNG states, sampler position, metrics.csv trimmed)
 """
 
@@ -15,7 +16,9 @@ from lmk import interface
 
 __all__, __getattr__ = interface(__name__, {
     "lmk.train.command": ("run", "validate_job"),
-    "lmk.train.gradcache": ("backward_chunks", "embed_without_grad", "grad_cache_step", "split_features"),
+    "lmk.train.chunks": ("ChunkPlan", "plan_chunks", "take_rows"),
+    "lmk.train.gradcache": ("backward_chunks", "cached_step", "embed_without_grad", "grad_cache_step",
+                            "split_features"),
     "lmk.train.guard": ("NonFiniteError", "NonFiniteGuard"),
     "lmk.train.embeddings": ("Embedding", "concat", "grad_slice", "pad_width"),
     "lmk.train.losses": ("info_nce", "maxsim", "maxsim_info_nce", "scores_loss"),

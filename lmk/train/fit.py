@@ -268,13 +268,15 @@ def _finish(run: _Run, fit_s: float, metrics: dict[str, float]) -> None:
     timings["fit_steps"] = steps
     timings["fit_steps_per_s"] = round(steps / fit_s, 4) if fit_s > 0 else None
     landmarks = _landmark_report(run.datamodule)
-    if landmarks:
-        wandb_logger = find_wandb(run.loggers)
-        if wandb_logger is not None:  # the same figures in the W&B run's summary
+    fill = run.module.fill_record()  # tokens computed against real tokens (lmk.train.chunks)
+    wandb_logger = find_wandb(run.loggers)
+    if wandb_logger is not None:  # the same figures in the W&B run's summary
+        wandb_logger.log_summary(flat_summary("fill", fill))
+        if landmarks:
             wandb_logger.log_summary(flat_summary("landmarks/train", landmarks))
     update_results(
         run_dir, status="done", metrics=metrics, timings=timings, wandb=wandb_info(run.loggers),
-        landmarks={"train": landmarks} if landmarks else {},
+        landmarks={"train": landmarks} if landmarks else {}, fill=fill,
         data_fingerprint=getattr(run.datamodule, "fingerprint", None),
         data=getattr(run.datamodule, "report", None),  # per source: rows kept / skipped as bad
         checkpoints={"last": str(run_dir / "checkpoints" / "last.ckpt"),

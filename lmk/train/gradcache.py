@@ -10,8 +10,9 @@ Peak activation memory is one chunk's; the loss and the parameter gradients equa
 
 An embedding may be a Tensor or a multi-vector `(states, mask)` pair (lmk.train.embeddings): each chunk then has its
 own width, so the chunks are padded to the widest for the loss (`concat`) and each chunk's cached gradient is sliced
-back to its rows and width (`grad_slice`). Planning the chunks (`split_features`) and reassembling their embeddings
-(`embed_without_grad`'s concatenation) are separate steps.
+back to its rows and width (`grad_slice`). Planning the chunks (lmk.train.chunks: by rows, or by a token budget with
+each chunk padded to its own longest row) and reassembling their embeddings (`embed_without_grad`'s concatenation, then
+`ChunkPlan.restore`: the batch's row order, inside the loss's graph) are separate steps.
 """
 
 from __future__ import annotations
@@ -22,7 +23,10 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 import torch
 from torch import Tensor
 
+from lmk.train.chunks import ChunkPlan, plan_chunks, split_features
 from lmk.train.embeddings import Embedding, as_leaf, concat, grad_slice, rows, values
+
+__all__ = ["RandState", "backward_chunks", "cached_step", "embed_without_grad", "grad_cache_step", "split_features"]
 
 Features = Mapping[str, Tensor]
 EmbedFn = Callable[[Features], Embedding]
@@ -44,14 +48,6 @@ class RandState:
             for i, state in zip(self.cuda_devices, self.cuda_states, strict=True):
                 torch.cuda.set_rng_state(state, i)
             yield
-
-
-def split_features(features: Features, chunk_size: int) -> list[dict[str, Tensor]]:
-    """Row chunks of a features dict (every tensor sliced on dim 0)."""
-    if chunk_size < 1:
-        raise ValueError(f"grad_cache_chunk must be >= 1, got {chunk_size}")
-    n = next(iter(features.values())).shape[0]
-    return [{k: v[i : i + chunk_size] for k, v in features.items()} for i in range(0, n, chunk_size)]
 
 
 def embed_without_grad(embed: EmbedFn, chunks: Sequence[Features]) -> tuple[Embedding, list[RandState]]:
@@ -108,21 +104,38 @@ def grad_cache_step(
     backward: Callable[[Tensor], None] | None = None,
     no_sync: Callable[[], contextlib.AbstractContextManager] | None = None,
     passage_embed: EmbedFn | None = None,
+    token_budget: int = 0,
 ) -> Tensor:
     """One cached forward/backward over a (query, passage) batch; returns the detached loss.
 
-    `loss_fn(q_emb, p_emb)` may gather across devices (with gradients) itself. `passage_embed` embeds the passages
-    when they are embedded otherwise than the queries (default: `embed`). After the call the parameters hold the same
-    `.grad` as `loss_fn(embed(query), passage_embed(passage)).backward()` would give.
+    Chunks of `chunk_size` rows, or with `token_budget` > 0 of at most that many tokens, each padded to its own
+    longest row (lmk.train.chunks). `loss_fn(q_emb, p_emb)` may gather across devices (with gradients) itself.
+    `passage_embed` embeds the passages when they are embedded otherwise than the queries (default: `embed`). After
+    the call the parameters hold the same `.grad` as `loss_fn(embed(query), passage_embed(passage)).backward()` would
+    give.
     """
+    return cached_step(embed, plan_chunks(query, chunk_size, token_budget),
+                       plan_chunks(passage, chunk_size, token_budget), loss_fn, backward, no_sync, passage_embed)
+
+
+def cached_step(
+    embed: EmbedFn,
+    query: ChunkPlan,
+    passage: ChunkPlan,
+    loss_fn: Callable[[Embedding, Embedding], Tensor],
+    backward: Callable[[Tensor], None] | None = None,
+    no_sync: Callable[[], contextlib.AbstractContextManager] | None = None,
+    passage_embed: EmbedFn | None = None,
+) -> Tensor:
+    """`grad_cache_step` over chunks planned already (the module plans them to count the step's fill)."""
     passage_embed = passage_embed or embed
-    q_chunks, p_chunks = split_features(query, chunk_size), split_features(passage, chunk_size)
-    q_emb, q_states = embed_without_grad(embed, q_chunks)
-    p_emb, p_states = embed_without_grad(passage_embed, p_chunks)
+    q_emb, q_states = embed_without_grad(embed, query.chunks)
+    p_emb, p_states = embed_without_grad(passage_embed, passage.chunks)
     q_leaf, p_leaf = as_leaf(q_emb), as_leaf(p_emb)
     with torch.enable_grad():
-        loss = loss_fn(q_leaf, p_leaf)
+        # the loss reads the rows in the batch's order; their gradients come back in chunk order
+        loss = loss_fn(query.restore(q_leaf), passage.restore(p_leaf))
         q_grad, p_grad = torch.autograd.grad(loss, [values(q_leaf), values(p_leaf)])
-    backward_chunks(embed, q_chunks, q_states, q_grad, backward, no_sync, last=False)
-    backward_chunks(passage_embed, p_chunks, p_states, p_grad, backward, no_sync, last=True)
+    backward_chunks(embed, query.chunks, q_states, q_grad, backward, no_sync, last=False)
+    backward_chunks(passage_embed, passage.chunks, p_states, p_grad, backward, no_sync, last=True)
     return loss.detach()

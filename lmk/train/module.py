@@ -4,7 +4,10 @@ Batch layout (PairCollator): {"query": features [B], "passage": features [B*G] (
 each group), "teacher_scores": [B, G] (optional)}. Passages of every rank are gathered with
 gradients so each query sees all in-batch and hard negatives of the global batch. What a text is embedded into and
 the loss on it are the objective's (`train.objective`, lmk.train.objectives): the pooled vector (single) or the
-landmark states (maxsim), gathered padded to the widest rank's.
+landmark states (maxsim), gathered padded to the widest rank's. A step's rows are embedded as the whole padded batch,
+in grad-cache chunks of rows, or (`train.grad_cache_tokens`) in token-budget chunks each padded to its own longest row
+(lmk.train.chunks); each batch's fill (real tokens / tokens computed) is logged as `train/fill` and summed for
+results.json (`fill_record`).
 
 Optimisation follows the authors' scripts (docs/method.md): AdamW, weight decay 0, DeepSpeed
 `WarmupDecayLR`'s warm-up (log by default) then linear decay (`warmup_decay`), and `grad_scale` to
@@ -26,8 +29,9 @@ from torch import Tensor
 
 from lmk.config import RootConfig, TrainSection
 from lmk.model.long_attention import guard_padded_rows
-from lmk.train.embeddings import Embedding, pad_width, rows
-from lmk.train.gradcache import grad_cache_step
+from lmk.train.chunks import ChunkPlan, plan_chunks
+from lmk.train.embeddings import Embedding, concat, pad_width, rows
+from lmk.train.gradcache import cached_step
 from lmk.train.objectives import Objective, build_objective
 
 log = logging.getLogger(__name__)
@@ -116,6 +120,10 @@ class ContrastiveModule(pl.LightningModule):
         # lmk.train.guard.NonFiniteGuard before the step.
         self.window_loss: Tensor | None = None
         self.fit_start_step = 0  # global step when fit started (after a checkpoint restore)
+        # this rank's token counts over the run (kept in checkpoints): real tokens, tokens computed, batches, and the
+        # sum of the batches' fills; device tensors until read (no sync per step)
+        self.fill_totals: dict[str, Any] = {"real": 0, "computed": 0, "batches": 0, "fill_sum": 0.0}
+        self._batch_fill: Tensor | None = None
 
     # ---- model helpers -------------------------------------------------------------------------
     def enable_gradient_checkpointing(self) -> None:
@@ -173,16 +181,54 @@ class ContrastiveModule(pl.LightningModule):
                                    teacher_scores=scores, offset=offset)
 
     def forward_loss(self, batch: Mapping[str, Any]) -> Tensor:
-        """Uncached loss of one batch (with graph)."""
-        return self.compute_loss(self.embed(batch["query"], "query"), self.embed(batch["passage"], "passage"),
-                                 batch.get("teacher_scores"))
+        """Uncached loss of one batch (with graph): the whole padded batch, or token-budget sub-batches."""
+        return self._planned_loss(self.plan(batch["query"], cached=False), self.plan(batch["passage"], cached=False),
+                                  batch.get("teacher_scores"))
+
+    def _planned_loss(self, q_plan: ChunkPlan, p_plan: ChunkPlan, teacher_scores: Tensor | None) -> Tensor:
+        return self.compute_loss(self._embed_plan(q_plan, "query"), self._embed_plan(p_plan, "passage"),
+                                 teacher_scores)
+
+    def plan(self, features: Mapping[str, Tensor], cached: bool | None = None) -> ChunkPlan:
+        """The chunks one side of a batch is embedded in (lmk.train.chunks): by the token budget, else grad cache's
+        rows (`cached`, default: whether grad cache is on), else the whole batch."""
+        cached = self.cfg.grad_cache if cached is None else cached
+        return plan_chunks(features, self.cfg.grad_cache_chunk if cached else None, self.cfg.grad_cache_tokens)
+
+    def _embed_plan(self, plan: ChunkPlan, side: str) -> Embedding:
+        if len(plan.chunks) == 1 and plan.order is None:
+            return self.embed(plan.chunks[0], side)
+        return plan.restore(concat([self.embed(chunk, side) for chunk in plan.chunks]))
+
+    def _count_fill(self, *plans: ChunkPlan) -> None:
+        real = sum(p.real for p in plans)
+        computed = sum(p.computed for p in plans)
+        self._batch_fill = real.float() / max(computed, 1)
+        totals = self.fill_totals
+        totals["real"] = totals["real"] + real
+        totals["computed"] += computed
+        totals["batches"] += 1
+        totals["fill_sum"] = totals["fill_sum"] + self._batch_fill
+
+    def fill_record(self) -> dict[str, Any]:
+        """results.json's `fill`: this rank's real tokens against the tokens its forward passes computed (rows x
+        width), over the run (a resumed run's included), their ratio and the mean of the batches' ratios."""
+        t = self.fill_totals
+        real, computed, batches = int(t["real"]), int(t["computed"]), int(t["batches"])
+        return {"real_tokens": real, "computed_tokens": computed,
+                "fill": round(real / computed, 6) if computed else None,
+                "mean_batch_fill": round(float(t["fill_sum"]) / batches, 6) if batches else None,
+                "batches": batches, "grad_cache_tokens": self.cfg.grad_cache_tokens,
+                "chunks": "tokens" if self.cfg.grad_cache_tokens else ("rows" if self.cfg.grad_cache else "batch")}
 
     # ---- training ------------------------------------------------------------------------------
     def training_step(self, batch: Mapping[str, Any], batch_idx: int) -> Tensor | None:
         if self.cfg.grad_cache:
             loss = self._grad_cache_step(batch)
         else:
-            loss = self.forward_loss(batch)
+            q_plan, p_plan = self.plan(batch["query"]), self.plan(batch["passage"])
+            self._count_fill(q_plan, p_plan)
+            loss = self._planned_loss(q_plan, p_plan, batch.get("teacher_scores"))
             self._note_loss(loss)
         self._log_step(batch, loss)
         return None if self.cfg.grad_cache else loss * self.cfg.grad_scale
@@ -195,11 +241,13 @@ class ContrastiveModule(pl.LightningModule):
         wrapped = self.trainer.model
         # DDP: skip the all-reduce on every chunk but the last, which then reduces the sum.
         no_sync = getattr(wrapped, "no_sync", None) if self._world() > 1 else None
-        loss = grad_cache_step(
-            lambda f: self.embed(f, "query"), batch["query"], batch["passage"],
+        q_plan, p_plan = self.plan(batch["query"]), self.plan(batch["passage"])
+        self._count_fill(q_plan, p_plan)
+        loss = cached_step(
+            lambda f: self.embed(f, "query"), q_plan, p_plan,
             lambda q, p: self.compute_loss(q, p, teacher) * self.cfg.grad_scale,
-            chunk_size=self.cfg.grad_cache_chunk, backward=self.manual_backward,
-            no_sync=no_sync or (lambda: contextlib.nullcontext()), passage_embed=lambda f: self.embed(f, "passage"),
+            backward=self.manual_backward, no_sync=no_sync or (lambda: contextlib.nullcontext()),
+            passage_embed=lambda f: self.embed(f, "passage"),
         )
         self._note_loss(loss / self.cfg.grad_scale)
         if self.gradient_clip_val:
@@ -220,6 +268,8 @@ class ContrastiveModule(pl.LightningModule):
         opt = self.optimizers()
         optimizer = opt.optimizer if hasattr(opt, "optimizer") else opt
         self.log("train/lr", float(optimizer.param_groups[0]["lr"]), on_step=True, on_epoch=False, batch_size=b)
+        if self._batch_fill is not None:  # real tokens / tokens computed (a device tensor, read when logged)
+            self.log("train/fill", self._batch_fill, on_step=True, on_epoch=False, batch_size=b)
         # Throughput from host wall time between steps (no device sync); the first step has no interval.
         now = time.perf_counter()
         if self._last_step_time is not None:
@@ -244,6 +294,10 @@ class ContrastiveModule(pl.LightningModule):
         return {name for name, param in self.named_parameters() if not param.requires_grad}
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # the run's token counts so far: a resumed run's results.json counts every batch once
+        checkpoint["fill_totals"] = {"real": int(self.fill_totals["real"]), "computed": int(self.fill_totals["computed"]),
+                                     "batches": int(self.fill_totals["batches"]),
+                                     "fill_sum": float(self.fill_totals["fill_sum"])}
         # a 7B LoRA run's checkpoint is megabytes: the adapters (and any trained head), not the frozen base
         frozen = self._frozen_keys()
         if frozen:
@@ -252,6 +306,8 @@ class ContrastiveModule(pl.LightningModule):
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # Lightning loads the state dict strictly after this hook: the frozen weights this module was built with
         # fill in what the checkpoint left out, and any other missing or unexpected key still fails the load
+        if "fill_totals" in checkpoint:
+            self.fill_totals = dict(checkpoint["fill_totals"])
         state, own = checkpoint["state_dict"], self.state_dict()
         for key in self._frozen_keys() - set(state):
             state[key] = own[key]
