@@ -6,7 +6,7 @@ from pathlib import Path
 
 import yaml
 
-from lmk.sweep import quads
+from lmk.sweep import quads, zeroshot_block
 from lmk.sweep.spec import load_spec
 from lmk.sweep.table_renderer import aggregate
 from tests.test_tables import SPEC, write_run
@@ -69,3 +69,15 @@ def test_a_table_without_the_four_runs_prints_no_2x2(tmp_path: Path) -> None:
         write_run(out / "train" / row, row, {"short-a": 0.3, "long-b": 0.4})
     _, paths = aggregate(tmp_path / "spec.yaml", "s", out)
     assert "trained for x scored by" not in paths["md"].read_text()
+
+
+def test_the_zero_shot_block_scores_each_untrained_model_once() -> None:
+    """A MaxSim-trained row is its single-trained row untrained: the zero-shot block (lmk.evaluate jobs, no training
+    settings) has neither it nor a train.* override."""
+
+    spec = load_spec(ROOT / "experiments/table2/spec.yaml")
+    scale = spec.scale("mini")
+    block = zeroshot_block(scale, spec.rows_for(scale))
+    assert not [r for r in block.rows if r.endswith(("-mt", "-mt-single"))]
+    assert not [o for overrides in block.rows.values() for o in overrides if o.startswith("train.")]
+    assert {"lmk-fixed-32", "lmk-fixed-32-maxsim"} <= set(block.rows)

@@ -87,12 +87,13 @@ def scoring_rows(rows: Sequence[Row]) -> list[Row]:
 
 def zero_shot_rows(rows: Sequence[Row]) -> list[Row]:
     """The trained rows whose untrained model is a model of its own: a row that differs from an earlier one only in
-    training settings (`train.*`, e.g. train.objective) is that row untrained, and lmk-variable (its chunk sizes
-    differ at training time only) is lmk-fixed-32 untrained."""
+    training and evaluation settings (`train.*`, `eval.*`: a MaxSim-trained row, scored by MaxSim) is that row
+    untrained (its scorings are the `scoring_of` rows'), and lmk-variable (its chunk sizes differ at training time
+    only) is lmk-fixed-32 untrained."""
     seen: set[tuple[str, ...]] = set()
     out = []
     for r in trained_rows(rows):
-        untrained = tuple(o for o in r.overrides if not o.lstrip("+~").startswith("train."))
+        untrained = tuple(o for o in r.overrides if not o.lstrip("+~").startswith(("train.", "eval.")))
         if r.pooling != "lmk-variable" and untrained not in seen:
             seen.add(untrained)
             out.append(r)
