@@ -133,7 +133,8 @@ def test_paper_dry_run_prints_the_memory_estimate_and_the_checkpointing_decision
     total = next(line for line in rows if line.split()[:1] == ["total"]).split()
     assert cls[1] == "single" and cls[-1] == "profile" and total[1] == cls[2] == "83.4"  # one row: 834.4 / 10
     padded, batch, budget, packed = (float(x.rstrip("*")) for x in total[1:5])
-    assert padded > batch > budget > packed > 0 and cls[3].endswith("*")  # the job's path: batch padding today
+    # the job's path: token-budget mini-batches (the experiment's train.grad_cache_tokens)
+    assert padded > batch > budget > packed > 0 and cls[4].endswith("*") and not cls[3].endswith("*")
     assert "profile 'msmarco-passage', not a measurement" in proc.stdout and "cfli/bge-full-data is not on disk" in proc.stdout
     job = json.loads((out / "train" / "jobs.json").read_text())["jobs"][0]
     assert job["report"]["fits"] is True and job["report"]["memory_gib"]["total"] > 1

@@ -133,7 +133,7 @@ REHEARSAL_CHANGES = {
     "encoder.gradient_checkpointing",  # paper: auto (per GPU); on the CPU auto is off, the rehearsal keeps it on
     "data.sources", "data.batch_size", "data.group_size", "data.query_max_length", "data.passage_max_length",
     "data.max_rows", "data.num_workers",
-    "eval", "train.warmup_steps", "train.grad_cache_chunk", "train.checkpoint_every_n_steps",
+    "eval", "train.warmup_steps", "train.grad_cache_chunk", "train.grad_cache_tokens", "train.checkpoint_every_n_steps",
     "trainer.accelerator", "trainer.devices", "trainer.num_nodes", "trainer.max_steps", "trainer.log_every_n_steps",
     "trainer.enable_model_summary", "trainer.enable_progress_bar",
     "launcher",
