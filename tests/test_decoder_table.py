@@ -119,8 +119,11 @@ def test_the_decoder_table_at_tiny_scale_end_to_end(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     table = json.loads((out / "decoder.json").read_text())
     rows = {cell["row"] for cell in table["cells"] if cell["value"] is not None}
-    assert rows == {"last-token", "mean", "lmk-fixed-64", "lmk-variable", "lmk-fixed-64-maxsim",
-                         "lmk-fixed-authors"}
+    spec = load_spec(SPEC)
+    assert rows == {r.id for r in spec.rows_for(spec.scale("tiny"))}  # every row of the scale, the 2x2's included
+    assert {"lmk-fixed-64", "lmk-fixed-64-maxsim", "lmk-fixed-64-mt", "lmk-fixed-64-mt-single"} <= rows
+    trained = json.loads((out / "train" / "lmk-fixed-64-mt" / "results.json").read_text())
+    assert trained["config"]["train"]["objective"] == "maxsim" and trained["eval"]["scoring"] == "maxsim"
     for name in ("decoder.md", "decoder.tex", "decoder.csv"):
         assert (out / name).is_file()
     assert not (out / "train" / "lmk-fixed-64-maxsim").exists()  # scored from lmk-fixed-64's checkpoint
