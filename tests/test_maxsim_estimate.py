@@ -90,6 +90,11 @@ def test_the_dry_run_prints_a_maxsim_rows_index_and_search_beside_the_encode(tmp
     line = next(ln for ln in text.splitlines() if "all tasks: index" in ln)
     assert "compressed (2-bit residual codes + centroid ids" in line and "x less)" in line
     assert 14 < float(line.split("(")[-1].split("x less")[0]) < 16.1
+    # and at every width a researcher may pick, the default's figure among them, growing with the bits
+    widths = next(ln for ln in text.splitlines() if "compressed at each eval.maxsim_bits" in ln)
+    sizes = {int(w.split("-bit")[0]): float(w.split()[1]) for w in widths.split("maxsim_bits: ", 1)[1].split(", ")}
+    assert list(sizes) == [1, 2, 4, 8] and sizes[1] < sizes[2] < sizes[4] < sizes[8]
+    assert f"{sizes[2]:.1f} GB (" in line  # the 2-bit figure is the row's own
     plain = format_estimate(*sweep_estimate(DECODER, "paper", ["lmk-fixed-64"], gpu="H100",
                                             gpu_check=tmp_path / "absent.json"))
     assert "MaxSim" not in plain

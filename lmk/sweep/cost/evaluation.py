@@ -8,11 +8,13 @@ its index and exact MaxSim search (`lmk.sweep.cost.index`) to its own jobs."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import mteb
 from mteb.abstasks.aggregated_task import AbsTaskAggregate
 
+from lmk.eval.residual_codes import BITS
 from lmk.eval.tasks import LOCAL_TASKS
 from lmk.model.shape import EncoderShape
 from lmk.sweep.cost.index import Layout, TaskIndex, compressed_index_bytes, task_index
@@ -145,4 +147,8 @@ def _maxsim(cost: StageCost, suite: Any, parts: Mapping[str, Sequence[tuple[floa
         cost.notes.append(f"  all tasks: index {total / 1e9:.1f} GB, search {hours(sum(i.search_s for i in indexes))} "
                           f"per row; compressed ({layout.bits}-bit residual codes + centroid ids, "
                           f"eval.scoring=maxsim-compressed): {compressed / 1e9:.1f} GB ({total / compressed:.1f}x less)")
+        # every width beside it: the choice is size against fidelity (docs/method.md section 4 measures the latter)
+        widths = ", ".join(f"{b}-bit {sum(compressed_index_bytes(i, replace(layout, bits=b)) for i in indexes) / 1e9:.1f}"
+                           f" GB" for b in BITS)
+        cost.notes.append(f"  compressed at each eval.maxsim_bits: {widths}")
     return search
