@@ -4,10 +4,10 @@ model by MaxSim, nothing trained twice, and the table shows it with the index ea
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
+import forked_cli
 import pytest
 import yaml
 
@@ -144,7 +144,7 @@ def test_a_maxsim_row_is_scored_from_its_rows_checkpoint_without_training_again(
     out = tmp_path / "tiny"
     args = [sys.executable, "-m", "lmk.sweep", str(SPEC), "--scale", "tiny", "--rows", "lmk-fixed-32,lmk-fixed-32-maxsim",
             "--no-zero-shot", "--out", str(out)]
-    proc = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=1100)
+    proc = forked_cli.run(args, cwd=ROOT, capture_output=True, text=True, timeout=1100)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     trained = [p.name for p in (out / "train").iterdir() if p.is_dir()]
     assert trained == ["lmk-fixed-32"]  # one training run: the MaxSim row has none of its own
@@ -162,7 +162,7 @@ def test_a_maxsim_row_is_scored_from_its_rows_checkpoint_without_training_again(
     assert index["bytes_per_doc"] == round(index["vectors"] / index["documents"] * hidden * 4)  # float32
     md = (out / "table2.md").read_text()
     assert "| LMK-fixed-32 (MaxSim) |" in md and "Index / doc" in md
-    again = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    again = forked_cli.run(args, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0 and (again.stdout + again.stderr).count("skip (done, same config)") == 2
 
 
