@@ -16,8 +16,7 @@ import torch
 from lmk.run.results import read_results
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_scheduler import _cluster_up, _losses, _weights  # noqa: E402
-from test_train import ENV  # noqa: E402
+from test_scheduler import ENV, _cluster_up, _losses, _weights  # noqa: E402  (ENV: one torch thread per rank)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(1800)]  # two two-node rows, one requeued: about 2 min here
 ROOT = Path(__file__).resolve().parents[1]

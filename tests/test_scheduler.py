@@ -29,7 +29,12 @@ from lmk.run.results import read_results
 from lmk.run.scheduler import slurm_job
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_train import ENV  # noqa: E402
+from test_train import ENV as _ENV  # noqa: E402
+
+# Every rank is given one CPU (launcher.cpus_per_task=1), but this cluster binds no cores (TaskPlugin=task/none): torch
+# would start an OpenMP pool as wide as this machine in each rank, and the two ranks' pools spin against each other
+# (twice the CPU for the same steps). One thread per rank, as a cluster that binds cores gives; the jobs inherit it.
+ENV = {**_ENV, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 # the bad day runs three sweeps of eight two-node jobs one after another: about 20 min here
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(3600)]
