@@ -22,6 +22,7 @@ import yaml
 from hub_server import HubServer
 from hydra import compose, initialize_config_dir
 
+import lmk
 import lmk.eval.command as evaluate
 from lmk.config import ConfigError
 from lmk.eval.tasks import LOCAL_TASK_CLASSES
@@ -39,8 +40,13 @@ TOKEN = "hf_stand_in_write_token"
 
 
 def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_TOKEN")}
-    return {**env, "PYTHONPATH": str(ROOT), "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1", **extra}
+    # TRANSFORMERS_OFFLINE is kept as it is: HF_HUB_OFFLINE, always set here, overrides it (huggingface_hub reads
+    # TRANSFORMERS_OFFLINE only where HF_HUB_OFFLINE is unset), and an unchanged environment lets forked_cli fork the
+    # command from its warm process. PYTHONPATH likewise, where this checkout's lmk is the one imported without it.
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "HF_TOKEN")}
+    if Path(lmk.__file__).resolve().parents[1] != ROOT or os.environ.get("PYTHONPATH", str(ROOT)) != str(ROOT):
+        env["PYTHONPATH"] = str(ROOT)
+    return {**env, "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1", **extra}
 
 
 def _lmk(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess:
