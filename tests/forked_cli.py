@@ -9,7 +9,9 @@ could change what is tested:
 - anything but `python -m <module>` with captured output and no stdin;
 - an environment that differs in a variable read at import time (the hub, caches, threads, `PYTHON*`, `HOME`);
 - a working folder other than the repository that holds Python code (it could shadow an imported module).
-`LMK_TEST_FORK=0` runs every command in a fresh interpreter (the full-fidelity run, e.g. to rule this out)."""
+`run_code` does the same for `python -c <code>` (opt-in: code that patches a module must patch it where the warm
+process's modules took the name from). `LMK_TEST_FORK=0` runs every command in a fresh interpreter (the
+full-fidelity run, e.g. to rule this out)."""
 
 from __future__ import annotations
 

@@ -40,10 +40,13 @@ TOKEN = "hf_stand_in_write_token"
 
 
 def _env(**extra: str) -> dict[str, str]:
-    # TRANSFORMERS_OFFLINE is kept as it is: HF_HUB_OFFLINE, always set here, overrides it (huggingface_hub reads
-    # TRANSFORMERS_OFFLINE only where HF_HUB_OFFLINE is unset), and an unchanged environment lets forked_cli fork the
-    # command from its warm process. PYTHONPATH likewise, where this checkout's lmk is the one imported without it.
-    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "HF_TOKEN")}
+    # An offline command keeps TRANSFORMERS_OFFLINE as it is (HF_HUB_OFFLINE=1 makes it offline either way, and lmk
+    # names HF_HUB_OFFLINE first): an unchanged environment lets forked_cli fork the command from its warm process.
+    # An online one drops it (lmk.hub.offline would read it). PYTHONPATH is kept where this checkout's lmk is the one
+    # imported without it.
+    online = extra.get("HF_HUB_OFFLINE", "1") != "1"
+    drop = ("HF_HUB_OFFLINE", "HF_TOKEN", *(("TRANSFORMERS_OFFLINE",) if online else ()))
+    env = {k: v for k, v in os.environ.items() if k not in drop}
     if Path(lmk.__file__).resolve().parents[1] != ROOT or os.environ.get("PYTHONPATH", str(ROOT)) != str(ROOT):
         env["PYTHONPATH"] = str(ROOT)
     return {**env, "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1", **extra}
