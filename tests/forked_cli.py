@@ -9,7 +9,9 @@ could change what is tested:
 - anything but `python -m <module>` with captured output and no stdin;
 - an environment that differs in a variable read at import time (the hub, caches, threads, `PYTHON*`, `HOME`);
 - a working folder other than the repository that holds Python code (it could shadow an imported module).
-`LMK_TEST_FORK=0` runs every command in a fresh interpreter (the full-fidelity run, e.g. to rule this out)."""
+`run_code` does the same for `python -c <code>` (opt-in: code that patches a module must patch it where the warm
+process's modules took the name from). `LMK_TEST_FORK=0` runs every command in a fresh interpreter (the
+full-fidelity run, e.g. to rule this out)."""
 
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ import sys
 import tempfile
 import threading
 import traceback
+import types
 from pathlib import Path
 from typing import Any
 
@@ -50,10 +53,28 @@ def run(args: list[str], *, cwd: str | os.PathLike | None = None, env: dict[str,
     if not _forkable(args, cwd, full_env, capture_output, kwargs):
         return subprocess.run(args, cwd=cwd, env=env, capture_output=capture_output, text=text, timeout=timeout,
                               check=check, **kwargs)
+    return _forked(args, {"module": args[2]}, cwd, full_env, text, timeout, check)
+
+
+def run_code(code: str, argv: list[str], *, cwd: str | os.PathLike | None = None, env: dict[str, str] | None = None,
+             timeout: float | None = None, check: bool = False) -> subprocess.CompletedProcess:
+    """`subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, ...)`, forked from the
+    warm interpreter where the environment and working folder allow (as for `run`). Opt-in, unlike `run`: the code
+    must not depend on being the first to import a module (the warm process has imported the entry points' modules,
+    so patch a name where it is used, not only where it is defined)."""
+    args = [sys.executable, "-c", code, *(str(a) for a in argv)]
+    full_env = dict(os.environ if env is None else env)
+    if os.environ.get("LMK_TEST_FORK") == "0" or not hasattr(os, "fork") or not _runs_alike(cwd, full_env):
+        return subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=check)
+    return _forked(args, {"code": code}, cwd, full_env, True, timeout, check)
+
+
+def _forked(args: list[str], what: dict[str, str], cwd: str | os.PathLike | None, full_env: dict[str, str],
+            text: bool, timeout: float | None, check: bool) -> subprocess.CompletedProcess:
     with _lock, tempfile.TemporaryDirectory(prefix="lmk-cli-") as tmp:
         out, err = Path(tmp, "stdout"), Path(tmp, "stderr")
         server = _ensure_server()
-        request = {"module": args[2], "argv": args[3:], "cwd": str(Path(cwd or os.getcwd()).resolve()),
+        request = {**what, "argv": args[3:], "cwd": str(Path(cwd or os.getcwd()).resolve()),
                    "env": full_env, "stdout": str(out), "stderr": str(err)}
         server.stdin.write(json.dumps(request) + "\n")
         server.stdin.flush()
@@ -76,6 +97,11 @@ def _forkable(args: list[str], cwd: str | os.PathLike | None, env: dict[str, str
         return False
     if len(args) < 3 or args[0] != sys.executable or args[1] != "-m" or not capture_output or kwargs:
         return False
+    return _runs_alike(cwd, env)
+
+
+def _runs_alike(cwd: str | os.PathLike | None, env: dict[str, str]) -> bool:
+    """Whether a child forked from the warm process, in `cwd` with `env`, imports what a fresh interpreter would."""
     changed = {k for k in set(env) | set(_server_env or os.environ)
                if env.get(k) != (_server_env or os.environ).get(k)}
     if any(k.startswith(IMPORT_TIME_ENV) for k in changed):
@@ -175,11 +201,17 @@ def _child(request: dict) -> None:
         os.dup2(target, fd)
         os.close(target)
     sys.stdin = open(0, closefd=False)  # noqa: SIM115 - the process's own stdin, closed at exit
-    sys.path[0] = request["cwd"]  # as `python -m` puts the working folder first
-    sys.argv = ["-m", *request["argv"]]
-    sys.modules.pop(request["module"], None)  # imported on the way by the preload: run it fresh, as `python -m`
+    sys.path[0] = request["cwd"]  # as `python -m` (and `python -c`) puts the working folder first
     try:
-        runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+        if "code" in request:  # `python -c`: the code runs as a fresh __main__ module
+            sys.argv = ["-c", *request["argv"]]
+            main = types.ModuleType("__main__")
+            sys.modules["__main__"] = main
+            exec(compile(request["code"], "<string>", "exec"), main.__dict__)  # noqa: S102 - what `python -c` does
+        else:
+            sys.argv = ["-m", *request["argv"]]
+            sys.modules.pop(request["module"], None)  # imported on the way by the preload: run it fresh
+            runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
         code = 0
     except SystemExit as stop:  # as the interpreter reads it: None is 0, a number its code, else printed and 1
         code = stop.code if isinstance(stop.code, int) else 0 if stop.code is None else 1

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -40,26 +40,28 @@ def test_a_failed_save_leaves_the_previous_checkpoint_whole(tmp_path):
     assert [p.name for p in path.parent.iterdir()] == ["last.ckpt"]  # no temporary file left behind
 
 
-SAVER = """
-import sys, torch
-from lmk.train.checkpoints import AtomicCheckpointIO, RUN_KEY
-path, step = sys.argv[1], 0
-while True:  # big saves, one after another, until killed
-    step += 1
-    AtomicCheckpointIO().save_checkpoint({"global_step": step, "w": torch.full((8_000_000,), float(step)),
-                                          RUN_KEY: {"config_hash": "abc", "global_step": step}}, path)
-    print(step, flush=True)
-"""
+def _save_until_killed(path: str, saved) -> None:  # noqa: ANN001 - a multiprocessing Event
+    """Big saves, one after another, until killed (in a process forked from the test's: torch is imported already)."""
+    torch.set_num_threads(1)  # no OpenMP team in a forked child: the parent's would not exist there
+    step = 0
+    while True:
+        step += 1
+        ck.AtomicCheckpointIO().save_checkpoint({"global_step": step, "w": torch.full((8_000_000,), float(step)),
+                                                 ck.RUN_KEY: {"config_hash": "abc", "global_step": step}}, path)
+        saved.set()
 
 
 def test_sigkill_during_saves_never_leaves_a_truncated_checkpoint(tmp_path):
     path = tmp_path / "checkpoints" / "last.ckpt"
-    proc = subprocess.Popen([sys.executable, "-c", SAVER, str(path)], stdout=subprocess.PIPE, text=True)
-    assert proc.stdout is not None
-    proc.stdout.readline()  # one save finished
+    fork = multiprocessing.get_context("fork")
+    saved = fork.Event()
+    proc = fork.Process(target=_save_until_killed, args=(str(path), saved), daemon=True)
+    proc.start()
+    assert saved.wait(timeout=300)  # one save finished
     time.sleep(0.3)  # somewhere inside a later save
     os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
+    proc.join()
+    assert proc.exitcode == -signal.SIGKILL
     info, why = ck.read_info(path)
     assert info is not None, why  # the last complete save loads
     assert torch.load(path, weights_only=True)["w"][0].item() == info.global_step

@@ -110,37 +110,45 @@ def lora_decoder(tmp_path_factory) -> tuple[EmbeddingModel, Path]:
     return model, export_sentence_transformers(model, tmp_path_factory.mktemp("lora") / "export")
 
 
-def test_export_loads_and_embeds_without_lmk(exports, lora_decoder, tmp_path) -> None:
-    """A fresh `python -I` whose imports of lmk (and of the splitter packages) fail: sentence-transformers alone,
-    with each folder's code, gives lmk's embeddings; a LoRA decoder's too (merged: float error only)."""
-    names = sorted(CASES)
+@pytest.fixture(scope="module")
+def without_lmk(exports, lora_decoder, tmp_path_factory) -> tuple[Path, list[str], subprocess.CompletedProcess]:
+    """One fresh `python -I` whose imports of lmk (and of the splitter packages) fail loads every folder with
+    sentence-transformers alone: each case's export, the LoRA decoder's, and last a sentencex-splitter export (a
+    package the folder cannot carry: its load must fail). Returns the output folder, the names in order, the run."""
+    out = tmp_path_factory.mktemp("without-lmk")
+    sx = build({"name": "sx", "strategy": "sentence", "pooler": "lmk", "sentence_splitter": "sentencex"})
+    folders = {**{name: path for name, (_, path) in exports.items()}, "lora-decoder": lora_decoder[1],
+               "sentencex": export_sentence_transformers(sx, out / "sx")}
+    names = [*sorted(CASES), "lora-decoder", "sentencex"]
+    (out / "texts.json").write_text(json.dumps(TEXTS))
+    env = {**os.environ, "HF_HOME": str(out / "hf"), "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, "-I", str(ROOT / "tests" / "st_alone.py"), str(out / "texts.json"),
+                           str(out), *(str(folders[n]) for n in names)],
+                          cwd=out, env=env, capture_output=True, text=True, timeout=600)
+    return out, names, proc
+
+
+def test_export_loads_and_embeds_without_lmk(exports, lora_decoder, without_lmk) -> None:
+    """sentence-transformers alone, with each folder's code, gives lmk's embeddings; a LoRA decoder's too (merged:
+    float error only)."""
+    out, names, proc = without_lmk
     folders = {**exports, "lora-decoder": lora_decoder}
-    (tmp_path / "texts.json").write_text(json.dumps(TEXTS))
-    env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.run([sys.executable, "-I", str(ROOT / "tests" / "st_alone.py"), str(tmp_path / "texts.json"),
-                           str(tmp_path), *(str(folders[n][1]) for n in [*names, "lora-decoder"])],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert json.loads((tmp_path / "refused_loaded.json").read_text()) == []
-    for i, name in enumerate([*names, "lora-decoder"]):
-        error = tmp_path / f"{i}.error"
+    assert json.loads((out / "refused_loaded.json").read_text()) == []
+    for i, name in enumerate(names[:-1]):  # the last, the sentencex folder, is the next test's
+        error = out / f"{i}.error"
         assert not error.exists(), f"{name}: {error.read_text()[-2000:] if error.exists() else ''}"
-        np.testing.assert_allclose(np.load(tmp_path / f"{i}.npy"), folders[name][0].encode(TEXTS),
+        np.testing.assert_allclose(np.load(out / f"{i}.npy"), folders[name][0].encode(TEXTS),
                                    atol=1e-5 if name == "lora-decoder" else 1e-6, err_msg=name)
-        assert all(m.startswith("transformers_modules.") for m in json.loads((tmp_path / f"{i}.modules").read_text()))
+        assert all(m.startswith("transformers_modules.") for m in json.loads((out / f"{i}.modules").read_text()))
 
 
-def test_a_splitter_package_the_folder_cannot_carry_is_named(tmp_path) -> None:
+def test_a_splitter_package_the_folder_cannot_carry_is_named(without_lmk) -> None:
     """The sentencex splitter is a package, not a file: without it the load says what to install."""
-    model = build({"name": "sx", "strategy": "sentence", "pooler": "lmk", "sentence_splitter": "sentencex"})
-    path = export_sentence_transformers(model, tmp_path / "sx")
-    (tmp_path / "texts.json").write_text(json.dumps(TEXTS))
-    env = {**os.environ, "HF_HOME": str(tmp_path / "hf")}
-    proc = subprocess.run([sys.executable, "-I", str(ROOT / "tests" / "st_alone.py"), str(tmp_path / "texts.json"),
-                           str(tmp_path), str(path)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    out, names, proc = without_lmk
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "pip install sentencex" in (tmp_path / "0.error").read_text()
-    assert "sentencex" in (path / "README.md").read_text()
+    assert names[-1] == "sentencex" and "pip install sentencex" in (out / f"{len(names) - 1}.error").read_text()
+    assert "sentencex" in (Path(proc.args[-1]) / "README.md").read_text()  # the folder loaded last
 
 
 def test_export_needs_trust_remote_code(exports):

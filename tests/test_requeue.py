@@ -5,10 +5,10 @@ then continues exactly (lmk.train.requeue). On the real scheduler, with submitit
 from __future__ import annotations
 
 import csv
-import subprocess
 import sys
 from pathlib import Path
 
+import forked_cli
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -17,7 +17,7 @@ from test_train import ENV, ROOT, in_process, overrides, results, write_pairs  #
 # lmk.train with a callback that sends the process the warning signal in the middle of step SIGNAL_AT
 SIGNALLER = """
 import os, runpy, signal, sys
-import lmk.train.resume
+import lmk.train.fit, lmk.train.resume
 
 SIGNAL_AT = int(sys.argv.pop(1))
 if os.environ.get("HANDLER_EXIT"):  # the scheduler's handler (submitit's local requeue exits with its own code)
@@ -28,7 +28,7 @@ class Signal(lmk.train.resume.ExactResume):
         if trainer.global_step == SIGNAL_AT:
             os.kill(os.getpid(), signal.SIGUSR2)  # as SLURM's --signal=USR2@<delay> before the time limit
 
-lmk.train.resume.ExactResume = Signal  # lmk.train.fit imports it when the job starts (after this)
+lmk.train.resume.ExactResume = lmk.train.fit.ExactResume = Signal  # where the job's callbacks take it from
 runpy.run_module("lmk.train", run_name="__main__", alter_sys=True)
 """
 SETUP = ("trainer.max_steps=8", "train.checkpoint_every_n_steps=5", "seed=2", "trainer.log_every_n_steps=1",
@@ -45,8 +45,7 @@ def test_the_warning_signal_saves_at_the_step_end_and_the_rerun_continues_exactl
     ref, run = tmp_path / "ref", tmp_path / "run"
     in_process(ref, pairs, *SETUP)
 
-    cmd = [sys.executable, "-c", SIGNALLER, "3", *overrides(run, pairs, *SETUP)]
-    stopped = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+    stopped = forked_cli.run_code(SIGNALLER, ["3", *overrides(run, pairs, *SETUP)], cwd=ROOT, env=ENV, timeout=600)
     assert stopped.returncode != 0, stopped.stderr[-3000:]
     res = results(run)
     assert res["status"] == "interrupted" and "stopped at step 4 by SIGUSR2" in res["error"], res.get("error")
@@ -68,9 +67,8 @@ def test_the_job_exits_with_the_code_the_schedulers_handler_chose(tmp_path):
     step boundary keeps the exit status of the handler it hands over to."""
     pairs = write_pairs(tmp_path / "pairs.jsonl")
     run = tmp_path / "run"
-    cmd = [sys.executable, "-c", SIGNALLER, "1", *overrides(run, pairs, *SETUP)]
-    stopped = subprocess.run(cmd, cwd=ROOT, env={**ENV, "HANDLER_EXIT": "173"}, capture_output=True, text=True,
-                             timeout=600)
+    stopped = forked_cli.run_code(SIGNALLER, ["1", *overrides(run, pairs, *SETUP)], cwd=ROOT,
+                                  env={**ENV, "HANDLER_EXIT": "173"}, timeout=600)
     assert stopped.returncode == 173, stopped.stderr[-3000:]
     res = results(run)
     assert res["status"] == "interrupted" and res["error"].endswith("; requeued"), res.get("error")

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import forked_cli
 import pytest
 import torch
 
@@ -17,7 +18,7 @@ from test_train import ENV, ROOT, in_process, losses, overrides, results, write_
 # lmk.train with a callback that SIGKILLs the process at the end of step KILL_AT (no cleanup at all).
 KILLER = """
 import os, runpy, signal, sys
-import lmk.train.resume
+import lmk.train.fit, lmk.train.resume
 
 KILL_AT = int(sys.argv.pop(1))
 
@@ -26,7 +27,7 @@ class Kill(lmk.train.resume.ExactResume):
         if trainer.global_step == KILL_AT:
             os.kill(os.getpid(), signal.SIGKILL)
 
-lmk.train.resume.ExactResume = Kill  # lmk.train.fit imports it when the job starts (after this)
+lmk.train.resume.ExactResume = lmk.train.fit.ExactResume = Kill  # where the job's callbacks take it from
 runpy.run_module("lmk.train", run_name="__main__", alter_sys=True)
 """
 
@@ -90,8 +91,7 @@ def test_the_maxsim_objective_resumes_exactly(tmp_path):
              "+encoder.config_overrides.embedding_dropout=0.1")
     ref, run = tmp_path / "ref", tmp_path / "run"
     in_process(ref, pairs, *setup)
-    cmd = [sys.executable, "-c", KILLER, "3", *overrides(run, pairs, *setup)]
-    killed = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+    killed = forked_cli.run_code(KILLER, ["3", *overrides(run, pairs, *setup)], cwd=ROOT, env=ENV, timeout=600)
     assert killed.returncode == -9, killed.stderr[-3000:]
     in_process(run, pairs, *setup)
     res = results(run)

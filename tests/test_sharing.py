@@ -22,6 +22,7 @@ import yaml
 from hub_server import HubServer
 from hydra import compose, initialize_config_dir
 
+import lmk
 import lmk.eval.command as evaluate
 from lmk.config import ConfigError
 from lmk.eval.tasks import LOCAL_TASK_CLASSES
@@ -39,8 +40,16 @@ TOKEN = "hf_stand_in_write_token"
 
 
 def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_TOKEN")}
-    return {**env, "PYTHONPATH": str(ROOT), "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1", **extra}
+    # An offline command keeps TRANSFORMERS_OFFLINE as it is (HF_HUB_OFFLINE=1 makes it offline either way, and lmk
+    # names HF_HUB_OFFLINE first): an unchanged environment lets forked_cli fork the command from its warm process.
+    # An online one drops it (lmk.hub.offline would read it). PYTHONPATH is kept where this checkout's lmk is the one
+    # imported without it.
+    online = extra.get("HF_HUB_OFFLINE", "1") != "1"
+    drop = ("HF_HUB_OFFLINE", "HF_TOKEN", *(("TRANSFORMERS_OFFLINE",) if online else ()))
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    if Path(lmk.__file__).resolve().parents[1] != ROOT or os.environ.get("PYTHONPATH", str(ROOT)) != str(ROOT):
+        env["PYTHONPATH"] = str(ROOT)
+    return {**env, "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1", **extra}
 
 
 def _lmk(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess:
