@@ -46,13 +46,26 @@ def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
 TOKEN_BUDGET = ("train.grad_cache=true", "train.grad_cache_tokens=24")
 
 
-@pytest.mark.slow  # three tiny 16-step runs: about 40 s on 2 busy cores
+@pytest.fixture(scope="module")
+def padded_ref(tmp_path_factory) -> tuple[Path, Path]:
+    """(pairs, run folder) of the uninterrupted SETUP run: the reference of the mid-epoch (padded) and the epoch
+    boundary tests, trained once."""
+    folder = tmp_path_factory.mktemp("padded-ref")
+    pairs = write_pairs(folder / "pairs.jsonl")
+    in_process(folder / "ref", pairs, *SETUP)
+    return pairs, folder / "ref"
+
+
+@pytest.mark.slow  # three tiny 16-step runs (the padded one's reference shared): about 40 s on 2 busy cores
 @pytest.mark.parametrize("mini_batches", [(), TOKEN_BUDGET], ids=["padded", "token-budget"])
-def test_killed_mid_epoch_resume_matches_uninterrupted_run(tmp_path, mini_batches):
-    pairs = write_pairs(tmp_path / "pairs.jsonl")
-    ref, run = tmp_path / "ref", tmp_path / "run"
+def test_killed_mid_epoch_resume_matches_uninterrupted_run(tmp_path, mini_batches, request):
     setup = (*SETUP, *mini_batches)
-    in_process(ref, pairs, *setup)
+    run = tmp_path / "run"
+    if mini_batches:
+        pairs, ref = write_pairs(tmp_path / "pairs.jsonl"), tmp_path / "ref"
+        in_process(ref, pairs, *setup)
+    else:
+        pairs, ref = request.getfixturevalue("padded_ref")
 
     cmd = [sys.executable, "-c", KILLER, "13", *overrides(run, pairs, *setup)]
     killed = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
@@ -110,15 +123,13 @@ def test_resume_state_is_in_the_checkpoint(tmp_path):
     assert json.loads((tmp_path / "r" / "results.json").read_text())["status"] == "done"
 
 
-@pytest.mark.slow  # five tiny 16-step runs: about a minute on 2 quiet cores
-def test_killed_at_an_epoch_boundary_resume_matches_uninterrupted_run(tmp_path):
+@pytest.mark.slow  # four tiny 16-step runs (the reference shared with the mid-epoch test): about a minute
+def test_killed_at_an_epoch_boundary_resume_matches_uninterrupted_run(tmp_path, padded_ref):
     """24 pairs / batch 4 = 6 batches an epoch. Killed right after a checkpoint at the epoch's last batch (step 6)
     and right after one at the next epoch's first batch (step 7), dropout on: each resumed run logs the
     uninterrupted run's loss at every step and ends with its weights. (Creating an epoch's DataLoader iterator draws
     from torch's generator: the RNG states go back before that draw at an epoch's end, after it mid-epoch.)"""
-    pairs = write_pairs(tmp_path / "pairs.jsonl")
-    ref = tmp_path / "ref"
-    in_process(ref, pairs, *SETUP)  # its checkpoints (every 5) change no draw: the same losses as any cadence
+    pairs, ref = padded_ref  # its checkpoints (every 5) change no draw: the same losses as any cadence
     for every, kill_at in ((6, 7), (7, 8)):
         run = tmp_path / f"run-{every}"
         setup = [*SETUP[:2], f"train.checkpoint_every_n_steps={every}", *SETUP[3:]]

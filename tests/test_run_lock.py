@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import forked_cli
 import pytest
 
 from lmk.run import lock as run_lock
@@ -26,8 +27,12 @@ def pairs(tmp_path: Path) -> Path:
     return write_pairs(tmp_path / "pairs.jsonl")
 
 
-def _train(run_dir: Path, pairs: Path, *extra: str) -> subprocess.Popen:
+def _train(run_dir: Path, pairs: Path, *extra: str, wait: bool = False):
+    """`python -m lmk.train`: started (a Popen), or run to its end (forked from a warm interpreter: a separate
+    process with its own pid, as the lock sees it)."""
     cmd = [sys.executable, "-m", "lmk.train", *overrides(run_dir, pairs, *extra)]
+    if wait:
+        return forked_cli.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
     return subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -36,15 +41,20 @@ def test_second_run_in_a_live_folder_refuses_and_a_killed_owner_is_stale(tmp_pat
     run_dir = tmp_path / "run"
     owner = _train(run_dir, pairs, "trainer.max_steps=100000", "seed=1")
     try:
-        deadline = time.time() + 120
+        deadline = time.time() + 300
         while not (run_dir / "metrics.csv").exists():  # A is training (its lock and .hydra/ are written)
-            assert owner.poll() is None and time.time() < deadline, owner.communicate()[1][-3000:]
+            if owner.poll() is not None or time.time() > deadline:  # A's log, without waiting out its 100000 steps
+                owner.kill()
+                pytest.fail(f"A did not start training: {owner.communicate()[1][-3000:]}")
             time.sleep(0.5)
+        # A stays alive but paused (SIGSTOP): the lock is judged by the owner's process, not by its progress, and a
+        # paused A trains no steps on the cores the refused run needs
+        owner.send_signal(signal.SIGSTOP)
         lock = json.loads((run_dir / run_lock.LOCK_FILE).read_text())
         assert lock["pid"] == owner.pid and lock["host"] == socket.gethostname()
         hydra_overrides = (run_dir / ".hydra" / "overrides.yaml").read_text()
-        second = _train(run_dir, pairs, "trainer.max_steps=2", "seed=2")
-        _, err = second.communicate(timeout=120)
+        second = _train(run_dir, pairs, "trainer.max_steps=2", "seed=2", wait=True)
+        err = second.stderr
         assert second.returncode != 0
         assert f"in use by another run: pid {owner.pid} on this host" in err, err[-3000:]
         # B was refused before Hydra wrote its config: A's folder is untouched.
@@ -54,8 +64,8 @@ def test_second_run_in_a_live_folder_refuses_and_a_killed_owner_is_stale(tmp_pat
         owner.send_signal(signal.SIGKILL)
         owner.communicate()
     # A died without releasing: its lock is stale, the next run takes the folder over.
-    third = _train(run_dir, pairs, "trainer.max_steps=1", "seed=3")
-    out, err = third.communicate(timeout=300)
+    third = _train(run_dir, pairs, "trainer.max_steps=1", "seed=3", wait=True)
+    err = third.stderr
     assert third.returncode == 0, err[-3000:]
     assert "stale lock" in err and results(run_dir)["status"] == "done"
     assert "seed=3" in (run_dir / ".hydra" / "overrides.yaml").read_text()

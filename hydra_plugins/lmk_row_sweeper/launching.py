@@ -141,6 +141,11 @@ def _task_errors(tasks: List[Any], dead: List[Any]) -> List[Any]:  # noqa: UP006
 
 
 def _outcome(job: Any, overrides: Sequence[str]) -> JobReturn:
+    if not isinstance(job, submitit.SlurmJob):
+        # a local job is read once its processes have exited (`wait_all`): a task's result file is there or never
+        # will be. submitit's grace for a slow shared file system (15 s a dead task) would only wait
+        for task in [job, *(getattr(job, "_sub_jobs", None) or [])]:
+            task._results_timeout_s = 0
     try:
         return job.results()[0]
     except (submitit.core.utils.UncompletedJobError, submitit.core.utils.FailedJobError) as err:

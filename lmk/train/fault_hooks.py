@@ -104,20 +104,25 @@ class FaultCallback(pl.Callback):
             elif fault.kind == "driver_kill" and trainer.is_global_zero:
                 self._kill_the_sweep(fault, step)
             elif fault.kind in ("timeout", "requeue", "node_down") and trainer.is_global_zero:
-                self._scheduler_fault(fault, step)
+                self._scheduler_fault(fault, step, trainer)
             elif (fault.kind == "kill" and trainer.global_rank == fault.rank) or (
                     fault.kind == "stale_lock" and trainer.is_global_zero):
                 if faults.fire_once(fault, step=step, signal="SIGKILL"):
                     os.kill(os.getpid(), signal.SIGKILL)  # no cleanup at all, as the OOM killer does it
 
     @staticmethod
-    def _scheduler_fault(fault: faults.Fault, step: int) -> None:
+    def _scheduler_fault(fault: faults.Fault, step: int, trainer: pl.Trainer) -> None:
         if not faults.fire_once(fault, step=step):
             return
         log.warning("%s", fault.describe())
         if fault.kind == "timeout":
             os.kill(os.getpid(), warning_signal())  # submitit checkpoints and requeues the job
-            time.sleep(5)  # the handler runs at the next bytecode; never go on with the step
+            # the handler runs at the next bytecode: submitit's exits (never go on with the step); RequeueOnSignal's
+            # notes the signal, which it acts on at the step's end (go on once it has noted it)
+            watch = next((c for c in trainer.callbacks if isinstance(c, RequeueOnSignal)), None)
+            deadline = time.monotonic() + 5
+            while (watch is None or watch._received is None) and time.monotonic() < deadline:
+                time.sleep(0.05)
             return
         job = _this_job()
         if fault.kind == "node_down":
