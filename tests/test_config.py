@@ -265,41 +265,66 @@ def test_a_bool_is_not_a_count_and_null_only_where_allowed():
         validate_training(_compose("encoder.rope='no'"))  # no word read as a bool
 
 
-# A fresh interpreter: does validating a job refuse these settings before Lightning (and mteb) load?
+# A fresh interpreter: does validating a job refuse these settings before Lightning (and mteb) load? The settings
+# share two: the first validates each (filling its task-name cache, as a first check leaves it), the second validates
+# each again and reports what loaded. Each setting has its own cache folder and finds lmk's in-process caches empty
+# (they are cleared before it), so it reads only what its own first check left; it is judged only while none of the
+# modules is loaded yet (a setting before it that loaded one fails first).
 _REFUSES_LIGHT = """
-import sys
+import json, os, sys
 from hydra import compose, initialize_config_dir
 from lmk.config import ConfigError
 from lmk.train.command import validate_job
-with initialize_config_dir(config_dir=sys.argv[1], version_base="1.3"):
-    cfg = compose("train", overrides=["run_dir=/tmp/lmk-test-run", *sys.argv[2:]])
-try:
-    validate_job(cfg, in_job=True)
-except ConfigError as err:
-    print("refused:", str(err).splitlines()[0])
-print("loaded:", sorted(m for m in ("lightning", "mteb", "torch") if m in sys.modules))
+HEAVY = ("lightning", "mteb", "torch")
+for name, cache, overrides in json.loads(sys.argv[2]):
+    os.environ["LMK_CACHE"] = cache  # read when used (lmk.run.umask_files.cache_root)
+    for module in [m for n, m in sys.modules.items() if n == "lmk" or n.startswith("lmk.")]:
+        for value in list(vars(module).values()):
+            if callable(getattr(value, "cache_clear", None)) and getattr(value, "__module__", "") == module.__name__:
+                value.cache_clear()
+    out = {"before": sorted(m for m in HEAVY if m in sys.modules), "refused": None}
+    with initialize_config_dir(config_dir=sys.argv[1], version_base="1.3"):
+        cfg = compose("train", overrides=["run_dir=/tmp/lmk-test-run", *overrides])
+    try:
+        validate_job(cfg, in_job=True)
+    except ConfigError as err:
+        out["refused"] = str(err).splitlines()[0]
+    out["loaded"] = sorted(m for m in HEAVY if m in sys.modules)
+    print("SETTING " + json.dumps([name, out]), flush=True)
 """
+_REFUSED_SETTINGS = {
+    "streaming": (["data.streaming=true", "trainer.max_steps=-1", "+trainer.max_epochs=1"], "data.streaming=true"),
+    "monitor": (["eval=none", "train.monitor=eval/group/local-short"], "train.monitor="),
+    "task": (["eval=local", "eval.tasks=[LocalShrt]"], "LocalShrt"),
+    "grad-cache": (["train.grad_cache=true", "+trainer.accumulate_grad_batches=2"], "grad_cache"),
+}
 
 
-@pytest.mark.parametrize("overrides, says", [
-    (["data.streaming=true", "trainer.max_steps=-1", "+trainer.max_epochs=1"], "data.streaming=true"),
-    (["eval=none", "train.monitor=eval/group/local-short"], "train.monitor="),
-    (["eval=local", "eval.tasks=[LocalShrt]"], "LocalShrt"),
-    (["train.grad_cache=true", "+trainer.accumulate_grad_batches=2"], "grad_cache"),
-])
-def test_a_rule_refuses_before_lightning_loads(overrides, says, tmp_path):
-    """A wrong setting that needs no Trainer signature is refused with Lightning, mteb and torch never imported (the
-    README's "a typo fails in a second"); mteb's task names come from the cache a first check leaves."""
+@pytest.fixture(scope="module")
+def refusals(tmp_path_factory) -> dict[str, dict]:
+    import json
     import os
     import subprocess
     import sys
 
-    env = {**os.environ, "LMK_CACHE": str(tmp_path), "HF_HUB_OFFLINE": "1"}
-    runs = [subprocess.run([sys.executable, "-c", _REFUSES_LIGHT, CONF, *overrides], env=env, capture_output=True,
-                           text=True, timeout=300) for _ in range(2)]  # the first fills the task-name cache
-    out = runs[1].stdout
-    assert runs[1].returncode == 0 and "refused: " in out and says in out, runs[1].stdout + runs[1].stderr[-2000:]
-    assert "loaded: []" in out, out
+    folder = tmp_path_factory.mktemp("refusals")
+    settings = json.dumps([[name, str(folder / name), overrides] for name, (overrides, _) in _REFUSED_SETTINGS.items()])
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    runs = [subprocess.run([sys.executable, "-c", _REFUSES_LIGHT, CONF, settings], env=env, capture_output=True,
+                           text=True, timeout=300) for _ in range(2)]  # the first fills the task-name caches
+    assert runs[1].returncode == 0, runs[1].stdout + runs[1].stderr[-2000:]
+    return dict(json.loads(line.split(" ", 1)[1]) for line in runs[1].stdout.splitlines()
+                if line.startswith("SETTING "))
+
+
+@pytest.mark.parametrize("setting", list(_REFUSED_SETTINGS))
+def test_a_rule_refuses_before_lightning_loads(setting, refusals):
+    """A wrong setting that needs no Trainer signature is refused with Lightning, mteb and torch never imported (the
+    README's "a typo fails in a second"); mteb's task names come from the cache a first check leaves."""
+    out, says = refusals[setting], _REFUSED_SETTINGS[setting][1]
+    assert out["before"] == [], f"a setting validated before it in the same interpreter loaded {out['before']}"
+    assert out["refused"] is not None and says in out["refused"], out
+    assert out["loaded"] == [], out
 
 
 def test_a_signature_error_still_names_the_trainer_key():

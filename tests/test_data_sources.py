@@ -79,12 +79,42 @@ def test_lmk_data_import_graph_has_no_cycle():
         visit(mod, ())
 
 
-@pytest.mark.parametrize("order", ["sorted", "reversed"])
-def test_each_data_module_imports_in_a_fresh_interpreter(order):
-    mods = _data_modules()[:: 1 if order == "sorted" else -1]
-    code = f"import importlib\nfor m in {mods!r}:\n    importlib.import_module(m)"
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+# One fresh interpreter for every order: the sorted one first, as a fresh start; before each next order lmk's own
+# modules are dropped from sys.modules, so each is imported again from its first line in the new order (an import
+# circle is between lmk's modules: the third-party libraries they load stay loaded, as they do not take part).
+# Beyond the two orders, each module is imported first once.
+_IMPORT_ORDERS = """
+import importlib, json, sys, traceback
+for name, mods in json.loads(sys.argv[1]).items():
+    for m in [m for m in sys.modules if m == 'lmk' or m.startswith('lmk.')]:
+        del sys.modules[m]
+    try:
+        for m in mods:
+            importlib.import_module(m)
+        print('ORDER', json.dumps([name, None]), flush=True)
+    except BaseException:
+        print('ORDER', json.dumps([name, traceback.format_exc()[-2000:]]), flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def import_orders() -> dict[str, str | None]:
+    """Order name -> None where every data module imported, else the traceback."""
+    mods = _data_modules()
+    orders = {"sorted": mods, "reversed": mods[::-1], **{f"{m} first": [m, *mods] for m in mods}}
+    proc = subprocess.run([sys.executable, "-c", _IMPORT_ORDERS, json.dumps(orders)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
+    results = dict(json.loads(line.split(" ", 1)[1]) for line in proc.stdout.splitlines() if line.startswith("ORDER "))
+    assert list(results) == list(orders), proc.stdout[-2000:] + proc.stderr[-2000:]
+    return results
+
+
+@pytest.mark.parametrize("order", ["sorted", "reversed"])
+def test_each_data_module_imports_in_a_fresh_interpreter(order, import_orders):
+    assert import_orders[order] is None, import_orders[order]
+    if order == "sorted":  # and each module imported first, in the same interpreter
+        assert not {o: e for o, e in import_orders.items() if e is not None}, import_orders
 
 
 # ---------------------------------------------------------------------------------------- local set

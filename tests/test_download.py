@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+import forked_cli
 import pytest
 from omegaconf import OmegaConf
 
@@ -537,9 +536,10 @@ def test_the_old_command_names_still_download_with_a_deprecation(tmp_path: Path)
     """`make prefetch` and `python -m lmk.prefetch` (the download's old names; `eval.prefetch` is the encode
     setting) run the same command, online on a login node, and say the new name; so does lmk.hub.fetch.prefetch."""
     assert _make("prefetch", None, tmp_path) == "HF_HUB_OFFLINE=[]"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "-m", "lmk.prefetch", "--help"], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=120)
+    # from outside the checkout, forked from the tests' warm interpreter (tests/forked_cli.py): the checkout's lmk is
+    # the one imported (an editable install, or PYTHONPATH as the test run has it), and a fork runs it as typed
+    proc = forked_cli.run([sys.executable, "-m", "lmk.prefetch", "--help"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120)
     assert proc.returncode == 0 and "--mirror" in proc.stdout, proc.stderr[-2000:]
     assert "deprecated: use python -m lmk.download" in proc.stderr, proc.stderr[-2000:]
     with pytest.warns(DeprecationWarning, match="lmk.hub.fetch.download"):

@@ -72,91 +72,161 @@ def test_imports_inside_functions_say_why_and_no_import_error_is_swallowed(path:
     assert not swallowed, f"{path.name}: an ImportError swallowed silently at lines {swallowed}"
 
 
-def test_the_model_layer_and_the_training_step_load_no_evaluation_stack() -> None:
+# The import checks below each need an interpreter that has not loaded what they look for. They share two fresh
+# interpreters instead of one each (each start imports torch, transformers and hydra again: seconds of CPU). A check
+# in a shared interpreter judges as a fresh one would only while the modules it looks for are still unloaded when it
+# starts: each stage names them (`absent`), the chain asserts that before running it, and a later stage never takes
+# away what an earlier one found. The order: what loads less first.
+_CHAIN = """
+import json, os, sys, traceback
+from pathlib import Path
+tmp = Path(sys.argv[1])
+
+def stage(name, absent, body):
+    early = sorted(m for m in absent if m in sys.modules)
+    out = {'loaded_before': early}
+    if not early:
+        try:
+            out.update(body(tmp / name) or {})
+        except BaseException:
+            out['error'] = traceback.format_exc()[-3000:]
+    print('STAGE ' + json.dumps({name: out}), flush=True)
+
+def fresh_cache(folder):
+    os.environ['LMK_CACHE'] = str(folder / 'cache')  # read when used (lmk.run.umask_files.cache_root)
+"""
+
+# interpreter A: the sweep driver (no model stack), then an evaluation without and with Lightning's CSV logger
+_DRIVER_AND_EVAL = _CHAIN + """
+def driver(folder):
+    import lmk.sweep.cost, lmk.model.shape, lmk.model.backbone, lmk.train.command, lmk.sweep.rows
+    return {'loaded': sorted(m for m in ('sentence_transformers', 'mteb', 'lightning') if m in sys.modules)}
+
+def evaluation(logger):
+    def body(folder):
+        from hydra import compose, initialize_config_dir
+        from lmk.config import CONF_DIR
+        from lmk.eval.command import run
+        fresh_cache(folder)
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+            cfg = compose('evaluate', overrides=['model=null', 'encoder=tiny-modernbert', 'pooling=mean',
+                'eval=local', 'eval.tasks=[LocalPasskey]', '~eval.groups', '+eval.groups={p:[LocalPasskey]}',
+                'eval.lengths=[256]', 'eval.n_docs=10', 'eval.n_queries=5', f'logger={logger}',
+                'eval.show_progress=false'])
+        section = run(cfg, run_dir=str(folder / 'run'))
+        return {'lightning': 'lightning' in sys.modules, 'tasks': sorted(section['tasks']),
+                'metrics_csv': (folder / 'run' / 'metrics.csv').is_file()}
+    return body
+
+stage('driver', ('sentence_transformers', 'mteb', 'lightning'), driver)
+stage('eval-none', ('lightning',), evaluation('none'))
+stage('eval-csv', ('lightning',), evaluation('csv'))
+"""
+
+# interpreter B: the model layer and the training step, then training jobs that evaluate nothing
+_MODEL_AND_TRAINING_JOB = _CHAIN + """
+FORBIDDEN = ('mteb', 'datasets', 'wandb', 'submitit', 'pydantic')
+
+def model_layer(folder):
+    import sentence_transformers
+    before = set(sys.modules)
+    import benchmarks.gpu_sections, benchmarks.encode_pipeline, lmk.config, lmk.data.collator
+    import lmk.model.embedding, lmk.model.backbone, lmk.model.shape, lmk.sweep.cost, lmk.train.memory
+    import lmk.train.module
+    return {'loaded': sorted({m.split('.')[0] for m in set(sys.modules) - before} & set(FORBIDDEN))}
+
+def training_job(evaluates):
+    def body(folder):
+        from hydra import compose, initialize_config_dir
+        from lmk.config import CONF_DIR, ConfigError
+        from lmk.hub.artifacts import check_available
+        from lmk.train.command import validate_job
+        from lmk.train.fit import build_callbacks
+        folder.mkdir(parents=True)
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+            cfg = compose('train', overrides=['experiment=tiny', f'run_dir={folder}', *evaluates])
+        typed = validate_job(cfg, in_job=True)
+        check_available(cfg)
+        callbacks = build_callbacks(typed, folder, has_logger=False, config_hash='x')
+        out = {'callbacks': len(callbacks), 'mteb': 'mteb' in sys.modules}
+        if cfg.eval.tasks:  # the sweeper's check of the same job (it loads mteb: last)
+            cfg.eval.tasks = [*cfg.eval.tasks, 'LocalPaskey']
+            try:
+                validate_job(cfg)
+            except ConfigError as err:
+                out['sweeper'] = next(iter(str(err).splitlines()), '')  # the line the sweeper prints first
+        return out
+    return body
+
+# the model layer's check is against what sentence-transformers loads itself: nothing of FORBIDDEN before it
+stage('model-layer', ('sentence_transformers', *FORBIDDEN), model_layer)
+stage('eval-none', ('mteb',), training_job(['eval=none']))
+stage('eval-stage-only', ('mteb',), training_job(['eval=local', 'eval.in_training=none']))
+"""
+
+
+def _run_chain(code: str, folder: Path, env: dict | None = None) -> dict[str, dict]:
+    proc = subprocess.run([sys.executable, "-c", code, str(folder)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    stages = {}
+    for line in proc.stdout.splitlines():
+        if line.startswith("STAGE "):
+            stages.update(json.loads(line[len("STAGE "):]))
+    return stages
+
+
+def _stage(stages: dict[str, dict], name: str) -> dict:
+    out = stages[name]
+    assert not out["loaded_before"], f"an earlier check of the shared interpreter loaded {out['loaded_before']}"
+    assert "error" not in out, out["error"]
+    return out
+
+
+@pytest.fixture(scope="module")
+def driver_and_eval(tmp_path_factory) -> dict[str, dict]:
+    # WANDB_MODE=offline: the driver's console would show transformers' W&B banner if it loaded the model stack
+    return _run_chain(_DRIVER_AND_EVAL, tmp_path_factory.mktemp("driver_and_eval"),
+                      env={**os.environ, "WANDB_MODE": "offline"})
+
+
+@pytest.fixture(scope="module")
+def model_and_training_job(tmp_path_factory) -> dict[str, dict]:
+    return _run_chain(_MODEL_AND_TRAINING_JOB, tmp_path_factory.mktemp("model_and_training_job"))
+
+
+def test_the_model_layer_and_the_training_step_load_no_evaluation_stack(model_and_training_job) -> None:
     """What the gpu-check's model sections import (a GPU node runs them with the light wheelhouse) loads none of
     mteb, datasets, wandb, submitit or pydantic at run time: package __init__ files included, which the
     import-linter contract does not see."""
-    forbidden = ("mteb", "datasets", "wandb", "submitit", "pydantic")
     # sentence-transformers (the poolers' base class) imports `datasets` itself when it is installed (a node without
     # it is fine: tests/test_node.py runs these sections there): what counts is what lmk's own code adds
-    code = ("import sys, sentence_transformers\n"
-            "before = set(sys.modules)\n"
-            "import benchmarks.gpu_sections, benchmarks.encode_pipeline, lmk.config, lmk.data.collator\n"
-            "import lmk.model.embedding, lmk.model.backbone, lmk.model.shape, lmk.sweep.cost, lmk.train.memory\n"
-            "import lmk.train.module\n"
-            f"print(sorted({{m.split('.')[0] for m in set(sys.modules) - before}} & set({forbidden!r})))")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    # the last line: importing sentence-transformers under WANDB_MODE=offline prints transformers' banner first
-    assert proc.stdout.strip().splitlines()[-1] == "[]", proc.stdout
+    assert _stage(model_and_training_job, "model-layer")["loaded"] == []
 
 
-def test_a_sweep_driver_reads_configs_and_costs_without_the_model_stack() -> None:
+def test_a_sweep_driver_reads_configs_and_costs_without_the_model_stack(driver_and_eval) -> None:
     """The driver processes (the sweep, the rows sweeper, the dry run) read encoder shapes and job costs; they load
     no sentence-transformers, whose import prints transformers' W&B offline banner on the user's console."""
-    code = ("import sys\n"
-            "import lmk.sweep.cost, lmk.model.shape, lmk.model.backbone, lmk.train.command, lmk.sweep.rows\n"
-            "print(sorted(m for m in ('sentence_transformers', 'mteb', 'lightning') if m in sys.modules))")
-    env = {**os.environ, "WANDB_MODE": "offline"}
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.strip() == "[]", proc.stdout
+    assert _stage(driver_and_eval, "driver")["loaded"] == []
 
 
-@pytest.mark.parametrize("evaluates", [["eval=none"], ["eval=local", "eval.in_training=none"]],
-                         ids=["eval-none", "eval-stage-only"])
-def test_a_training_job_that_evaluates_nothing_loads_no_mteb(tmp_path, evaluates) -> None:
+@pytest.mark.parametrize("evaluates", ["eval-none", "eval-stage-only"])
+def test_a_training_job_that_evaluates_nothing_loads_no_mteb(model_and_training_job, evaluates) -> None:
     """A training job that evaluates nothing (eval=none; or eval.in_training=none, as at paper scale, where the eval
     stage evaluates): its checks before compute and its callbacks pass without mteb's registry, which costs each
     rank seconds of start-up. The sweeper's check of the same job still resolves every task name of the suite."""
-    code = ("import sys\n"
-            "from pathlib import Path\n"
-            "from hydra import compose, initialize_config_dir\n"
-            "from lmk.config import CONF_DIR, ConfigError\n"
-            "from lmk.hub.artifacts import check_available\n"
-            "from lmk.train.command import validate_job\n"
-            "from lmk.train.fit import build_callbacks\n"
-            "with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):\n"
-            f"    cfg = compose('train', overrides=['experiment=tiny', 'run_dir={tmp_path}', *{evaluates!r}])\n"
-            "typed = validate_job(cfg, in_job=True)\n"
-            "check_available(cfg)\n"
-            f"callbacks = build_callbacks(typed, Path({str(tmp_path)!r}), has_logger=False, config_hash='x')\n"
-            "print(len(callbacks), 'mteb' in sys.modules)\n"
-            "if cfg.eval.tasks:\n"
-            "    cfg.eval.tasks = [*cfg.eval.tasks, 'LocalPaskey']\n"
-            "    try:\n"
-            "        validate_job(cfg)\n"
-            "    except ConfigError as err:\n"
-            "        print('sweeper:', err)\n")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    lines = proc.stdout.strip().splitlines()
-    count, loaded = next(line for line in lines if line.split()[0].isdigit()).split()
-    assert int(count) >= 1 and loaded == "False", proc.stdout
-    if "eval=local" in evaluates:
-        assert any(line.startswith("sweeper:") and "LocalPaskey" in line for line in lines), proc.stdout
+    out = _stage(model_and_training_job, evaluates)
+    assert out["callbacks"] >= 1 and out["mteb"] is False, out
+    if evaluates == "eval-stage-only":
+        assert "LocalPaskey" in out.get("sweeper", ""), out
 
 
 @pytest.mark.parametrize("logger", ["none", "csv"])
-def test_an_evaluation_that_logs_to_no_tracker_loads_no_lightning(tmp_path, logger) -> None:
+def test_an_evaluation_that_logs_to_no_tracker_loads_no_lightning(driver_and_eval, logger) -> None:
     """`python -m lmk.evaluate` with `logger=none` (its default) loads no Lightning (seconds of start-up per eval
     job: Lightning's import pulls torchmetrics, scipy.signal and torch._dynamo); with `logger=csv` it builds
     Lightning's CSV logger and writes metrics.csv beside results.json (an evaluation has no Trainer to save it)."""
-    code = ("import json, sys\n"
-            "from hydra import compose, initialize_config_dir\n"
-            "from lmk.config import CONF_DIR\n"
-            "from lmk.eval.command import run\n"
-            "with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):\n"
-            "    cfg = compose('evaluate', overrides=['model=null', 'encoder=tiny-modernbert', 'pooling=mean',\n"
-            f"        'eval=local', 'eval.tasks=[LocalPasskey]', '~eval.groups', '+eval.groups={{p:[LocalPasskey]}}',\n"
-            f"        'eval.lengths=[256]', 'eval.n_docs=10', 'eval.n_queries=5', 'logger={logger}',\n"
-            "        'eval.show_progress=false'])\n"
-            f"section = run(cfg, run_dir={str(tmp_path / 'run')!r})\n"
-            "print(json.dumps({'lightning': 'lightning' in sys.modules, 'tasks': sorted(section['tasks'])}))\n")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "LMK_CACHE": str(tmp_path / "cache")})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out = _stage(driver_and_eval, f"eval-{logger}")
     assert out["tasks"] == ["LocalPasskey"]
     assert out["lightning"] is (logger == "csv"), out
-    assert (tmp_path / "run" / "metrics.csv").is_file() is (logger == "csv")
+    assert out["metrics_csv"] is (logger == "csv")

@@ -17,7 +17,9 @@ TESTS = Path(__file__).resolve().parent
 def _run(repo: Path, body: str) -> subprocess.CompletedProcess:
     (repo / "test_it.py").write_text("from pathlib import Path\n\nHERE = Path(__file__).parent\n\n\n"
                                      f"def test_it(tmp_path):\n    {body}\n")
-    env = {**os.environ, "PYTHONPATH": str(TESTS)}
+    # the guard is the conftest's plugin: the installed ones (xdist, timeout, hydra's...) are not loaded, two thirds
+    # of a run's start-up
+    env = {**os.environ, "PYTHONPATH": str(TESTS), "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
     return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_it.py"], cwd=repo,
                           env=env, capture_output=True, text=True, timeout=300)
 
