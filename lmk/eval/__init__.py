@@ -32,7 +32,7 @@ __all__, _own = interface(__name__, {
     "lmk.eval.replicas": ("REPLICAS", "Sizes", "replica_fingerprint", "task_dataset", "write_replicas"),
     "lmk.eval.compressed_maxsim": ("CompressedIndex", "LmkCompressedMaxSimEncoder", "centroid_scores",
                                     "compressed_search"),
-    "lmk.eval.residual_codes": ("ResidualCodec", "auto_centroids", "codebook_bytes", "kmeans", "vector_bytes"),
+    "lmk.eval.residual_codes": ("BITS", "ResidualCodec", "auto_centroids", "codebook_bytes", "kmeans", "vector_bytes"),
     "lmk.eval.maxsim": ("LmkMaxSimEncoder", "NoLandmarksError", "maxsim_blocks", "maxsim_scores",
                          "maxsim_winners"),
     "lmk.eval.runner": ("build_encoder", "run_suite"),
