@@ -64,7 +64,7 @@ def run_code(code: str, argv: list[str], *, cwd: str | os.PathLike | None = None
     so patch a name where it is used, not only where it is defined)."""
     args = [sys.executable, "-c", code, *(str(a) for a in argv)]
     full_env = dict(os.environ if env is None else env)
-    if os.environ.get("LMK_TEST_FORK") == "0" or not hasattr(os, "fork") or not _runs_alike(cwd, full_env):
+    if not _runs_alike(cwd, full_env):
         return subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=check)
     return _forked(args, {"code": code}, cwd, full_env, True, timeout, check)
 
@@ -93,8 +93,6 @@ def _forked(args: list[str], what: dict[str, str], cwd: str | os.PathLike | None
 
 def _forkable(args: list[str], cwd: str | os.PathLike | None, env: dict[str, str], capture_output: bool,
               kwargs: dict[str, Any]) -> bool:
-    if os.environ.get("LMK_TEST_FORK") == "0" or not hasattr(os, "fork"):
-        return False
     if len(args) < 3 or args[0] != sys.executable or args[1] != "-m" or not capture_output or kwargs:
         return False
     return _runs_alike(cwd, env)
@@ -102,6 +100,8 @@ def _forkable(args: list[str], cwd: str | os.PathLike | None, env: dict[str, str
 
 def _runs_alike(cwd: str | os.PathLike | None, env: dict[str, str]) -> bool:
     """Whether a child forked from the warm process, in `cwd` with `env`, imports what a fresh interpreter would."""
+    if os.environ.get("LMK_TEST_FORK") == "0" or not hasattr(os, "fork"):
+        return False
     changed = {k for k in set(env) | set(_server_env or os.environ)
                if env.get(k) != (_server_env or os.environ).get(k)}
     if any(k.startswith(IMPORT_TIME_ENV) for k in changed):

@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,18 @@ def _wait_to_be_stopped(what: str) -> None:
     while time.monotonic() < deadline:
         time.sleep(0.5)
     raise RuntimeError(f"fault plan: the scheduler did not stop the job within {STOP_WAIT_S:.0f} s after {what}")
+
+
+def _requeue_watch(trainer: pl.Trainer) -> RequeueOnSignal | None:
+    """The run's RequeueOnSignal callback (it notes the scheduler's warning signal), if it has one."""
+    return next((c for c in trainer.callbacks if isinstance(c, RequeueOnSignal)), None)
+
+
+def _wait_until(done: Callable[[], bool], seconds: float, poll: float) -> None:
+    """Poll `done` every `poll` s until it holds or `seconds` have passed."""
+    deadline = time.monotonic() + seconds
+    while not done() and time.monotonic() < deadline:
+        time.sleep(poll)
 
 
 def _this_job() -> str:
@@ -119,10 +132,8 @@ class FaultCallback(pl.Callback):
             os.kill(os.getpid(), warning_signal())  # submitit checkpoints and requeues the job
             # the handler runs at the next bytecode: submitit's exits (never go on with the step); RequeueOnSignal's
             # notes the signal, which it acts on at the step's end (go on once it has noted it)
-            watch = next((c for c in trainer.callbacks if isinstance(c, RequeueOnSignal)), None)
-            deadline = time.monotonic() + 5
-            while (watch is None or watch._received is None) and time.monotonic() < deadline:
-                time.sleep(0.05)
+            watch = _requeue_watch(trainer)
+            _wait_until(lambda: watch is not None and watch.signalled, 5, poll=0.05)
             return
         job = _this_job()
         if fault.kind == "node_down":
@@ -146,10 +157,9 @@ class FaultCallback(pl.Callback):
             limit = math.ceil(_elapsed_minutes(job)) + fault.minutes
             log.warning("%s: TimeLimit=%d min", fault.describe(), limit)
             _scontrol("update", f"JobId={job}", f"TimeLimit={limit}")
-        watch = next((c for c in trainer.callbacks if isinstance(c, RequeueOnSignal)), None)
-        deadline = time.monotonic() + fault.minutes * 60 + STOP_WAIT_S
-        while watch is not None and watch._received is None and time.monotonic() < deadline:
-            time.sleep(0.5)
+        watch = _requeue_watch(trainer)
+        if watch is not None:
+            _wait_until(lambda: watch.signalled, fault.minutes * 60 + STOP_WAIT_S, poll=0.5)
 
     @staticmethod
     def _kill_the_sweep(fault: faults.Fault, step: int) -> None:

@@ -64,6 +64,11 @@ class RequeueOnSignal(pl.Callback):
     def _note(self, signum: int, frame: Any) -> None:
         self._received = signum  # only a flag: the step in progress finishes first
 
+    @property
+    def signalled(self) -> bool:
+        """Whether the warning signal has arrived (it is acted on at the step's end)."""
+        return self._received is not None
+
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         try:
             self._previous = signal.signal(self.signum, self._note)
