@@ -75,6 +75,23 @@ def test_grad_cache_bounds_activations():
     assert small.activations < uncached.activations / 20
 
 
+def test_a_token_budget_bounds_the_chunk_by_tokens_not_by_the_row_setting():
+    kw = dict(precision=MIXED, checkpointing=True, grad_cache_chunk=64)
+    rows = estimate_memory(BASE, **PAPER, **kw)
+    # a budget of exactly 64 rows at the longest length: the row estimate
+    assert estimate_memory(BASE, **PAPER, **kw, grad_cache_tokens=64 * 512).total == rows.total
+    # four times that: four times the tokens in flight, whatever grad_cache_chunk says (the chunk holds them)
+    big = estimate_memory(BASE, **PAPER, **kw, grad_cache_tokens=4 * 64 * 512)
+    assert big.tokens_in_flight == 4 * rows.tokens_in_flight and big.activations > 3 * rows.activations
+    assert "at most 131,072 tokens in flight (256 rows at 512 tokens)" in " ".join(big.notes)
+    # a budget under one row: a longest row goes alone
+    assert estimate_memory(BASE, **PAPER, **kw, grad_cache_tokens=100).tokens_in_flight == 512
+    # job_memory reads the setting from the composed job
+    base = ["experiment=table2-paper", "pooling=cls", "launcher=submitit_slurm"]
+    assert (job_memory(_compose(*base, "train.grad_cache_tokens=262144")).tokens_in_flight
+            == 4 * job_memory(_compose(*base)).tokens_in_flight)
+
+
 def test_optimizer_state_and_ddp_buckets():
     one = estimate_memory(BASE, **PAPER, precision=MIXED, world_size=1)
     many = estimate_memory(BASE, **PAPER, precision=MIXED, world_size=24)

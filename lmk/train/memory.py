@@ -115,8 +115,15 @@ class MemoryEstimate:
 
 
 def _activation_blocks(queries: int, group_size: int, query_len: int, passage_len: int,
-                       grad_cache_chunk: int | None) -> list[tuple[int, int]]:
+                       grad_cache_chunk: int | None, grad_cache_tokens: int = 0) -> list[tuple[int, int]]:
     """(rows, length) blocks whose graphs are alive at the same time."""
+    if grad_cache_chunk and grad_cache_tokens > 0:
+        # a token-budget chunk holds rows x width <= budget (a longer row alone, lmk.train.chunks), so its worst case
+        # is budget // length rows at the full length: the most tokens and the widest masks; the row count of the
+        # chunk setting does not bound it
+        sides = [(min(queries, max(1, grad_cache_tokens // query_len)), query_len),
+                 (min(queries * group_size, max(1, grad_cache_tokens // passage_len)), passage_len)]
+        return [max(sides, key=lambda b: (b[0] * b[1], b[1]))]  # a tie: the wider block, the bigger masks
     if grad_cache_chunk:
         chunk = max(1, int(grad_cache_chunk))
         if passage_len >= query_len:
@@ -135,6 +142,7 @@ def estimate_memory(
     precision: Precision | None = None,
     checkpointing: bool = False,
     grad_cache_chunk: int | None = None,
+    grad_cache_tokens: int = 0,
     world_size: int = 1,
     attn_implementation: str = "sdpa",
     lora: dict[str, Any] | None = None,
@@ -142,7 +150,8 @@ def estimate_memory(
     """Peak training memory of one device for `queries` queries x `group_size` passages per step.
 
     Inputs are assumed padded to the max lengths (the worst case of a batch). `grad_cache_chunk` (rows
-    per chunk, `train.grad_cache_chunk`) when gradient caching is on, else None. `lora` (the filled-in
+    per chunk, `train.grad_cache_chunk`) when gradient caching is on, else None; `grad_cache_tokens`
+    (`train.grad_cache_tokens`) > 0 chunks it by that token budget instead. `lora` (the filled-in
     `encoder.lora`): the base weights frozen, only float32 adapters trained.
     """
     for name, value in (("queries", queries), ("group_size", group_size), ("query_len", query_len),
@@ -151,8 +160,13 @@ def estimate_memory(
             raise ValueError(f"{name} must be >= 1, got {value}")
     prec = precision or Precision.of()
     n = shape.params()
-    notes = [f"grad cache: one chunk of {max(1, int(grad_cache_chunk))} rows in flight"] if grad_cache_chunk else []
-    blocks = _activation_blocks(queries, group_size, query_len, passage_len, grad_cache_chunk)
+    blocks = _activation_blocks(queries, group_size, query_len, passage_len, grad_cache_chunk, grad_cache_tokens)
+    notes = []
+    if grad_cache_chunk and grad_cache_tokens > 0:
+        notes.append(f"grad cache: one chunk of at most {grad_cache_tokens:,} tokens in flight ({blocks[0][0]} rows "
+                     f"at {blocks[0][1]} tokens)")
+    elif grad_cache_chunk:
+        notes.append(f"grad cache: one chunk of {max(1, int(grad_cache_chunk))} rows in flight")
     tokens = sum(r * t for r, t in blocks)
     per_layer = shape.layer_activation_bytes(prec.compute_bytes, prec.stream_bytes)
     if lora is not None:
@@ -239,6 +253,7 @@ def job_memory(cfg: Any, checkpointing: bool | None = None) -> MemoryEstimate:
         precision=Precision.of(trainer.get("precision", "32-true"), enc.get("dtype", "float32")),
         checkpointing=checkpointing,
         grad_cache_chunk=int(train.get("grad_cache_chunk", 32)) if train.get("grad_cache") else None,
+        grad_cache_tokens=int(train.get("grad_cache_tokens") or 0),
         world_size=job_world_size(c), attn_implementation=str(enc.get("attn_implementation", "sdpa")),
         lora=job_lora(c),
     )
