@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import json
 import math
 import os
 import typing
 from pathlib import Path
+from typing import Any
 
 import lightning.pytorch as pl
 import pytest
@@ -285,22 +287,22 @@ def test_gradient_checkpointing_switch():
 
 
 # ---- DDP: two real gloo processes vs one process on the same global batch -----------------------
-def _fit(tmp: Path, devices: int, grad_cache: bool, objective: str = "single"
-         ) -> tuple[list[float], dict[str, torch.Tensor]]:
+def _fit(tmp: Path, devices: int, grad_cache: bool, objective: str = "single", callbacks: list | None = None,
+         **train: Any) -> tuple[list[float], dict[str, torch.Tensor]]:
     from lightning.pytorch.loggers import CSVLogger
 
     pl.seed_everything(0)
     model = build_model(TINY, "lmk-fixed")
     module = ContrastiveModule(model, tau=0.05, lr=1e-3, warmup_steps=0, max_steps=2, weight_decay=0.0,
                                grad_cache=grad_cache, grad_cache_chunk=2, eps=1e-3, objective=objective,
-                               maxsim_tau=0.05)
+                               maxsim_tau=0.05, **train)
     # global batch 8: one process takes rows 0..7; two ranks take 4 rows each (DistributedSampler,
     # no shuffle) -> the same 8 queries and 16 passages per step.
     dl = loader(model, n=16, batch=8 // devices)
     # two real gloo ranks, forked from this process: spawned ones would each import torch, Lightning and lmk again
     # (most of the test's CPU); the launcher is not what is compared, the ranks' synchronised steps are
     kw = {"strategy": "ddp_fork", "devices": 2} if devices == 2 else {}
-    t = trainer(tmp, 2, logger=CSVLogger(str(tmp), name="", version=""), **kw)
+    t = trainer(tmp, 2, logger=CSVLogger(str(tmp), name="", version=""), callbacks=callbacks, **kw)
     t.fit(module, train_dataloaders=dl)
     rows = list(csv.DictReader(open(tmp / "metrics.csv")))
     losses = [float(r["train/loss"]) for r in rows if r.get("train/loss")]
@@ -327,6 +329,42 @@ def test_ddp_two_processes_equal_single_process(tmp_path, grad_cache, objective)
     # embedding entries still differ by up to ~5e-5 (lr 1e-3) after two steps; cause not pinned down.
     for k in single_params:
         torch.testing.assert_close(ddp_params[k], single_params[k], atol=1e-4, rtol=1e-3)
+
+
+class _FillRecorder(pl.Callback):
+    """Each rank's fitted fill record and a checkpoint saved at the end (a ddp_fork run's ranks are child processes:
+    what they hold stays there)."""
+
+    def __init__(self, out: Path) -> None:
+        self.out = out
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: ContrastiveModule) -> None:
+        trainer.save_checkpoint(str(self.out / "last.ckpt"))  # every rank takes part, rank 0 writes
+
+    def teardown(self, trainer: pl.Trainer, pl_module: ContrastiveModule, stage: str) -> None:
+        (self.out / f"fill-{trainer.global_rank}.json").write_text(json.dumps(pl_module.fill_record()))
+
+
+def test_ddp_fill_counts_every_rank_and_a_resume_counts_each_batch_once(tmp_path):
+    """results.json's fill under DDP: the real tokens of both ranks (those of the one-process run of the same global
+    batches) against the tokens each rank's own token-budget chunks computed; a checkpoint holds both ranks' counts,
+    and a fit resumed from it adds its batches to them."""
+    fills = {}
+    for devices in (1, 2):
+        out = tmp_path / f"fills-{devices}"
+        out.mkdir()
+        _fit(tmp_path / str(devices), devices, True, callbacks=[_FillRecorder(out)], grad_cache_tokens=64)
+        fills[devices] = [json.loads(p.read_text()) for p in sorted(out.glob("fill-*.json"))]
+    (one,), (rank0, rank1) = fills[1], fills[2]
+    assert rank0 == rank1  # every rank ends fit with the run's counts
+    assert (one["batches"], rank0["batches"]) == (2, 4)  # two steps, one batch per rank each
+    assert rank0["real_tokens"] == one["real_tokens"] > 0
+    assert rank0["fill"] == pytest.approx(rank0["real_tokens"] / rank0["computed_tokens"], abs=1e-6)
+    saved = torch.load(tmp_path / "fills-2" / "last.ckpt", weights_only=False)
+    assert saved["fill_totals"]["real"] == rank0["real_tokens"] and saved["fill_totals"]["batches"] == 4
+    resumed = ContrastiveModule(build_model(TINY, "lmk-fixed"), tau=0.05, grad_cache=True, grad_cache_tokens=64)
+    resumed.on_load_checkpoint(saved)
+    assert resumed.fill_record()["real_tokens"] == rank0["real_tokens"] and resumed.fill_record()["batches"] == 4
 
 
 class _TeacherLoader:

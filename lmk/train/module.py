@@ -75,6 +75,9 @@ def _no_decay(name: str) -> bool:
     return name.endswith(".bias") or "norm" in lowered or lowered.endswith("bias")
 
 
+# the token counts of the fill (lmk.train.chunks), summed over batches and ranks
+FILL_KEYS = ("real", "computed", "batches", "fill_sum")
+
 class ContrastiveModule(pl.LightningModule):
     """InfoNCE training of an EmbeddingModel (in-batch + hard negatives, cross-device, grad cache), on the pooled
     vector or the landmark states as `train.objective` says."""
@@ -120,9 +123,12 @@ class ContrastiveModule(pl.LightningModule):
         # lmk.train.guard.NonFiniteGuard before the step.
         self.window_loss: Tensor | None = None
         self.fit_start_step = 0  # global step when fit started (after a checkpoint restore)
-        # this rank's token counts over the run (kept in checkpoints): real tokens, tokens computed, batches, and the
-        # sum of the batches' fills; device tensors until read (no sync per step)
-        self.fill_totals: dict[str, Any] = {"real": 0, "computed": 0, "batches": 0, "fill_sum": 0.0}
+        # this rank's token counts since this fit started: real tokens, tokens computed, batches, and the sum of the
+        # batches' fills; device tensors until read (no sync per step)
+        self.fill_totals: dict[str, Any] = dict.fromkeys(FILL_KEYS, 0)
+        # every rank's counts up to the checkpoint this fit resumed from; every rank's over the run, once fit ended
+        self._fill_restored: dict[str, float] = dict.fromkeys(FILL_KEYS, 0.0)
+        self._fill_final: dict[str, float] | None = None
         self._batch_fill: Tensor | None = None
 
     # ---- model helpers -------------------------------------------------------------------------
@@ -210,10 +216,23 @@ class ContrastiveModule(pl.LightningModule):
         totals["batches"] += 1
         totals["fill_sum"] = totals["fill_sum"] + self._batch_fill
 
+    def _fill_all_ranks(self) -> dict[str, float]:
+        """The run's counts over every rank: the restored ones plus this fit's, summed over the ranks (a collective
+        under DDP: every rank calls it, as every rank takes part in a checkpoint save and ends fit)."""
+        own = torch.tensor([float(self.fill_totals[k]) for k in FILL_KEYS], dtype=torch.float64, device=self.device)
+        trainer = self._trainer  # None outside a Trainer (`self.trainer` would raise)
+        if trainer is not None and trainer.world_size > 1:
+            own = trainer.strategy.reduce(own, reduce_op="sum")
+        return {k: self._fill_restored[k] + v for k, v in zip(FILL_KEYS, own.tolist(), strict=True)}
+
+    def on_fit_end(self) -> None:
+        self._fill_final = self._fill_all_ranks()
+
     def fill_record(self) -> dict[str, Any]:
-        """results.json's `fill`: this rank's real tokens against the tokens its forward passes computed (rows x
-        width), over the run (a resumed run's included), their ratio and the mean of the batches' ratios."""
-        t = self.fill_totals
+        """results.json's `fill`: the real tokens of every rank against the tokens their forward passes computed
+        (rows x width), over the run (a resumed run's included), their ratio and the mean of the batches' ratios.
+        Before fit ends (no collective then): this process's counts and the restored ones."""
+        t = self._fill_final or {k: self._fill_restored[k] + float(self.fill_totals[k]) for k in FILL_KEYS}
         real, computed, batches = int(t["real"]), int(t["computed"]), int(t["batches"])
         return {"real_tokens": real, "computed_tokens": computed,
                 "fill": round(real / computed, 6) if computed else None,
@@ -294,10 +313,10 @@ class ContrastiveModule(pl.LightningModule):
         return {name for name, param in self.named_parameters() if not param.requires_grad}
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        # the run's token counts so far: a resumed run's results.json counts every batch once
-        checkpoint["fill_totals"] = {"real": int(self.fill_totals["real"]), "computed": int(self.fill_totals["computed"]),
-                                     "batches": int(self.fill_totals["batches"]),
-                                     "fill_sum": float(self.fill_totals["fill_sum"])}
+        # the run's token counts so far, every rank's: a resumed run's results.json counts every batch once, on any
+        # number of ranks
+        totals = self._fill_all_ranks()
+        checkpoint["fill_totals"] = {k: totals[k] if k == "fill_sum" else int(totals[k]) for k in FILL_KEYS}
         # a 7B LoRA run's checkpoint is megabytes: the adapters (and any trained head), not the frozen base
         frozen = self._frozen_keys()
         if frozen:
@@ -306,8 +325,9 @@ class ContrastiveModule(pl.LightningModule):
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # Lightning loads the state dict strictly after this hook: the frozen weights this module was built with
         # fill in what the checkpoint left out, and any other missing or unexpected key still fails the load
-        if "fill_totals" in checkpoint:
-            self.fill_totals = dict(checkpoint["fill_totals"])
+        if "fill_totals" in checkpoint:  # (a checkpoint of before holds rank 0's alone: taken as it is)
+            self._fill_restored = {k: float(checkpoint["fill_totals"][k]) for k in FILL_KEYS}
+            self.fill_totals = dict.fromkeys(FILL_KEYS, 0)
         state, own = checkpoint["state_dict"], self.state_dict()
         for key in self._frozen_keys() - set(state):
             state[key] = own[key]
