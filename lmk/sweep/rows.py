@@ -98,9 +98,9 @@ def newer_holder(mine: Mapping[str, Any], on_record: Mapping[str, Any], results:
     job's to record. `mine`: this sweep's record of the row (the job it launched or reattached, `queued_at`);
     `on_record`: the row's entry in the sweep's status file as it is now; `results`: its folder's results.json.
 
-    A sweep that waits for a job an earlier sweep launched (or for its own, while its driver hangs) can read that
-    job's death after another sweep of the same folder launched the row again and that job finished: the death
-    must not be written over the newer results."""
+    A sweep waiting for a job (its own, or one an earlier sweep launched and it reattached) can read that job's
+    death after another sweep of the same folder launched the row again and the new job finished: the death must
+    not be written over the newer results."""
     job, holder = str(mine.get("job_id") or ""), str(on_record.get("job_id") or "")
     if job and holder and holder != job:
         return f"job {holder}"  # only a launch records another job id for a row: a newer job
