@@ -287,6 +287,59 @@ def test_a_job_refused_by_a_live_runs_lock_leaves_that_runs_results_alone(tmp_pa
     assert read_results(tmp_path)["status"] == "failed"
 
 
+def test_an_old_jobs_death_read_after_a_newer_job_finished_the_row_is_stale_and_ignored(tmp_path, caplog):
+    """A sweep reattached the rows' old jobs (queued by an earlier sweep, cancelled while its driver was killed);
+    while it waited, newer jobs finished the rows. The old jobs' deaths, read last, are stale: each row keeps the
+    newer results and record, and one line names both jobs. Row `mean`: another sweep relaunched it (its record
+    names the new job); row `cls`: a run of another config finished in its folder (results.json alone says so)."""
+    import logging
+
+    from hydra_plugins.hydra_submitit_launcher.submitit_launcher import LocalLauncher
+    from omegaconf import OmegaConf
+
+    from hydra_plugins.lmk_row_sweeper.launching import JobDied
+    from hydra_plugins.lmk_row_sweeper.row_sweeper import STATUS_FILE, RowSweeper
+
+    sweep_dir, folder = tmp_path / "sweep", tmp_path / "submitit"
+    folder.mkdir()
+    jobs, before = [], {}
+    for row in ("mean", "cls"):
+        controller = subprocess.Popen(["true"])  # the old job's controller (its id): gone, no result written
+        controller.wait()
+        old = str(controller.pid)
+        (folder / f"{old}_0_log.err").write_text(f"slurmstepd: error: *** JOB {old} ON n1 CANCELLED AT 18:01 ***\n")
+        record = {"status": "launched", "job_id": old, "scheduler": "local", "host": socket.gethostname(),
+                  "folder": str(folder), "tasks": 1, "queued_at": time.time() - 600}
+        jobs.append({"row": row, "job": row, "overrides": [f"pooling={row}", f"hydra.sweep.subdir={row}"],
+                     "job_dir": str(sweep_dir / row), "config_hash": "the-old-config", "action": "reattach",
+                     "record": record, "ended_jobs": []})
+        # the newer job finished the row under a changed config (training and export written)
+        before[row] = update_results(sweep_dir / row, status="done", config_hash="a-newer-config", row=row,
+                                     export=str(sweep_dir / row / "export"))
+    newer = {"status": "completed", "job_id": "48_1", "scheduler": "slurm", "job_dir": jobs[0]["job_dir"]}
+    (sweep_dir / STATUS_FILE).write_text(json.dumps({"mean": newer}))  # what the sweep that relaunched `mean` wrote
+    status = RowSweeper._settled(jobs)  # this sweep's record: the old jobs, reattached (its first write)
+
+    launcher = LocalLauncher(submitit_folder=str(folder))
+    launcher.config = OmegaConf.create({"hydra": {"sweep": {"dir": str(sweep_dir)}}})
+    sweeper = RowSweeper(rows={"mean": ["pooling=mean"], "cls": ["pooling=cls"]})
+    sweeper.launcher = launcher
+    with caplog.at_level(logging.WARNING):
+        returns = sweeper._run_batches(sweep_dir, [], jobs, status, ["python", "-m", "lmk.train"])
+
+    deaths = [r._return_value for r in returns]  # the reattach path read each old job's death for real
+    assert all(isinstance(d, JobDied) and "cancelled" in str(d) for d in deaths), deaths
+    recorded = json.loads((sweep_dir / STATUS_FILE).read_text())
+    for job in jobs:
+        old = job["record"]["job_id"]
+        assert read_results(job["job_dir"]) == before[job["row"]]  # done, the newer results: nothing written over
+        stale = [r.getMessage() for r in caplog.records if old in r.getMessage()]
+        assert len(stale) == 1 and "stale" in stale[0], [r.getMessage() for r in caplog.records]
+        assert old in recorded[job["row"]]["ended_jobs"] and recorded[job["row"]]["status"] != "failed"
+    assert "48_1" in next(r.getMessage() for r in caplog.records if jobs[0]["record"]["job_id"] in r.getMessage())
+    assert {k: recorded["mean"][k] for k in newer} == newer  # the newer job holds the row on record
+
+
 @pytest.mark.slow  # five 2-rank submitit jobs, one requeued: about 10 min on 2 busy cores (an uninterrupted run of
 # the same rows logs the same losses at every step: checked by hand, by comparing the rows' metrics.csv)
 @pytest.mark.timeout(1800)

@@ -9,7 +9,7 @@ import socket
 import pytest
 
 from lmk.run.results import Results, update_results
-from lmk.sweep.rows import RowState, decide, finished_after_all, recorded_job
+from lmk.sweep.rows import RowState, decide, finished_after_all, newer_holder, recorded_job
 
 
 def state(**facts) -> RowState:
@@ -74,3 +74,15 @@ def test_a_job_reported_failed_whose_folder_records_it_done_counts_as_finished(t
     assert not finished_after_all(tmp_path, "other")  # done under another config: this job's failure stands
     update_results(tmp_path, status="failed")
     assert not finished_after_all(tmp_path, "abc") and not finished_after_all(tmp_path / "none", "abc")
+
+
+def test_only_a_newer_job_or_run_makes_an_outcome_stale() -> None:
+    mine = {"status": "launched", "job_id": "45_1", "queued_at": 1_000_000_000.0}
+    done = Results(status="done", config_hash="other", updated_at="2001-09-09T01:46:50+0000")  # 10 s after queued
+    assert newer_holder(mine, {"job_id": "48_1"}, Results(), "abc") == "job 48_1"
+    assert "done at 2001-09-09T01:46:50+0000 under config other" in newer_holder(mine, {}, done, "abc")
+    # the job's own record, its own finished run, or a run of another config from before it was queued: its outcome
+    assert newer_holder(mine, {**mine, "status": "reattached"}, done, "other") is None
+    assert newer_holder(mine, {}, dataclasses.replace(done, updated_at="2001-09-09T01:46:30+0000"), "abc") is None
+    assert newer_holder({"status": "launched", "job_id": "45_1"}, {}, done, "abc") is None  # undated: kept
+    assert newer_holder({"status": "completed"}, {"job_id": "48_1"}, Results(), "abc") is None  # in-process: no id

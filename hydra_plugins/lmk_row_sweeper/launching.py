@@ -177,10 +177,11 @@ class _LocalJobByPid(submitit.LocalJob):
 
 
 def queued_record(launcher: BaseSubmititLauncher, job: Any) -> Dict[str, Any]:  # noqa: UP006
-    """What a later sweep needs to judge the job and to reattach to it."""
+    """What a later sweep needs to judge the job and to reattach to it; `queued_at` dates its outcome against a
+    newer run of the row (`lmk.sweep.rows.newer_holder`)."""
     tasks = len(getattr(job, "_sub_jobs", None) or []) or 1
     return {"job_id": str(job.job_id), "scheduler": launcher._EXECUTOR, "host": socket.gethostname(),
-            "folder": str(launcher.params["submitit_folder"]), "tasks": tasks}
+            "folder": str(launcher.params["submitit_folder"]), "tasks": tasks, "queued_at": time.time()}
 
 
 def is_submitit(launcher: Launcher) -> bool:

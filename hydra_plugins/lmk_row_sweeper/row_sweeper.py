@@ -369,9 +369,15 @@ class RowSweeper(Sweeper):
                 results = launch(self.launcher, [j["overrides"] for j in runnable], first, queued,
                                  [j["job_dir"] for j in runnable],
                                  [{**j["record"], "overrides": j["overrides"]} for j in old])
+            on_record = _read_status(sweep_dir)  # as other sweeps of this folder left it while these jobs ran
             for job, ret in zip([*runnable, *old], results, strict=True):
-                entry = {**status.get(job["job"], {"ended_jobs": job["ended_jobs"]}),
-                         **self._outcome(job, ret, since), "job_dir": job["job_dir"],
+                mine = status.get(job["job"], {"ended_jobs": job["ended_jobs"]})
+                holder = row_rules.newer_holder(mine, on_record.get(job["job"]) or {}, Results.read(job["job_dir"]),
+                                                job["config_hash"])
+                if holder is not None:
+                    status[job["job"]] = self._stale(job, mine, on_record.get(job["job"]) or {}, holder)
+                    continue
+                entry = {**mine, **self._outcome(job, ret, since), "job_dir": job["job_dir"],
                          "seconds": round((time.perf_counter() - tic) / max(len(runnable) + len(old), 1), 1)}
                 print_line(result_line(job, entry["seconds"], entry.get("error")))
                 status[job["job"]] = entry
@@ -400,6 +406,17 @@ class RowSweeper(Sweeper):
         finally:
             for job in held:
                 run_lock.release(job["job_dir"])
+
+    @staticmethod
+    def _stale(job: Dict[str, Any], mine: Dict[str, Any], on_record: Dict[str, Any], holder: str) -> Dict[str, Any]:  # noqa: UP006
+        """The row's entry when its job's outcome is stale (`row_rules.newer_holder`): the outcome is written
+        nowhere (a cancelled old job's death once marked a row failed that its newer job had finished), the row
+        keeps the newer job's record, and the old job counts as ended (its lock, if left, is dead)."""
+        old = str(mine.get("job_id") or "")
+        log.warning("row %s: the outcome of job %s is stale (%s holds the row now): ignored", job["job"], old, holder)
+        newer = on_record if on_record.get("job_id") not in (None, old) else {**mine, "status": "stale"}
+        return {**newer, "job_dir": job["job_dir"],
+                "ended_jobs": sorted({*row_rules.ended_jobs(newer), *row_rules.ended_jobs(mine), old} - {""})}
 
     @staticmethod
     def _outcome(job: Dict[str, Any], ret: JobReturn, since: float) -> Dict[str, Any]:  # noqa: UP006

@@ -15,7 +15,8 @@ and asks `decide`; it only adapts the answer to Hydra's launcher. The rules:
   (`lmk.train.checkpoints`), so a requeue by the scheduler resumes the same way as a rerun of the sweep.
 
 After a launch, a job reported failed whose folder records it done under its config counts as finished
-(`finished_after_all`).
+(`finished_after_all`); the outcome of a job that no longer holds its row (a newer job was launched for it, or a
+newer run finished in its folder) is stale (`newer_holder`) and recorded nowhere.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import os
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +91,29 @@ def finished_after_all(job_dir: Path, digest: str) -> bool:
     (a rank's stale failure after rank 0 finished). Its own record then wins over the launcher's report."""
     results = Results.read(job_dir)
     return results.status == STATUS_DONE and results.config_hash == digest
+
+
+def newer_holder(mine: Mapping[str, Any], on_record: Mapping[str, Any], results: Results, digest: str) -> str | None:
+    """Who holds a row now, when it is no longer the job whose outcome is in hand; None when the outcome is that
+    job's to record. `mine`: this sweep's record of the row (the job it launched or reattached, `queued_at`);
+    `on_record`: the row's entry in the sweep's status file as it is now; `results`: its folder's results.json.
+
+    A sweep waiting for a job (its own, or one an earlier sweep launched and it reattached) can read that job's
+    death after another sweep of the same folder launched the row again and the new job finished: the death must
+    not be written over the newer results."""
+    job, holder = str(mine.get("job_id") or ""), str(on_record.get("job_id") or "")
+    if job and holder and holder != job:
+        return f"job {holder}"  # only a launch records another job id for a row: a newer job
+    # a run of another config finished in the folder after this job was queued (a run this job made would carry
+    # its config; one launched in-process records no job id)
+    queued, written = mine.get("queued_at"), results.updated_at
+    if queued is None or written is None or results.status != STATUS_DONE or results.config_hash == digest:
+        return None
+    try:
+        finished = datetime.strptime(written, "%Y-%m-%dT%H:%M:%S%z").timestamp()
+    except ValueError:
+        return None
+    return f"the run done at {written} under config {results.config_hash}" if finished > float(queued) else None
 
 
 def busy_message(state: RowState) -> str:
