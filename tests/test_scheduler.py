@@ -118,10 +118,6 @@ def test_the_killed_driver_is_rerun_and_submits_no_second_job(bad_day):
         r: second["plan"][r]["action"] for r in ROWS}
     assert second["code"] == 0, second["log"][-3000:]
     assert "waited for" in second["log"]
-    third = bad_day["runs"][2]
-    for row in ROWS:  # a row the rerun saw finish is never trained again (no old job's death written over it)
-        if second["status"][row]["status"] == "completed":
-            assert third["plan"][row]["action"] == "skip", (row, third["plan"][row])
 
 
 @pytest.mark.parametrize("row", RESUMED)
