@@ -46,7 +46,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     check_publish(args.run_dir, args.out, args.push_to_hub)  # a wrong token or folder: refused before torch loads
     # fast path: the model side (torch, transformers, mteb) loads only once nothing refuses
     from lmk.run.quiet_logging import quiet_progress_bars
-    from lmk.sharing.publish import publish
+    from lmk.sharing.publish import publish  # (as above)
 
     with quiet_progress_bars():  # loading and writing one model: seconds, one line of result below
         pub = publish(args.run_dir, out=args.out, repo_id=args.push_to_hub, private=args.private,
