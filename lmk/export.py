@@ -1,18 +1,19 @@
-"""`python -m lmk.export <run dir>`: the command is `lmk.sharing.command` (a run -> a shareable folder, the hub).
-Also the stable import path that folders written before the code travelled name in their modules.json:
-`lmk.export.LandmarkTransformer` / `lmk.export.LandmarkPooling`."""
+"""`python -m lmk.export <run dir>` runs `lmk.sharing.command`. Also the import path old folders' modules.json name:
+`lmk.export.LandmarkTransformer` / `lmk.export.LandmarkPooling` (their pooling's loader, not the LMK pooler)."""
+from importlib import import_module
 
-from lmk.model.exported import LegacyPoolerLoader, load_exported
-from lmk.model.landmark import LandmarkTransformer
-from lmk.sharing.st_folder import export_sentence_transformers
+from lmk import interface
 
-LandmarkPooling = LegacyPoolerLoader  # old folders' modules.json name only: a loader, not the LMK pooler (LMKPooling)
-__all__ = ["LandmarkTransformer", "export_sentence_transformers", "load_exported"]
+# fast path: the names (torch) load when first used, so `python -m lmk.export` refuses a wrong setting in a second
+__all__, _names = interface(__name__, {"lmk.model.landmark": ("LandmarkTransformer",), "lmk.model.exported": (
+    "load_exported",), "lmk.sharing.st_folder": ("export_sentence_transformers",)})
+
+
+def __getattr__(name: str) -> object:
+    return import_module("lmk.model.exported").LegacyPoolerLoader if name == "LandmarkPooling" else _names(name)
+
 
 if __name__ == "__main__":
-    import sys
+    from lmk.sharing.command import cli
 
-    from lmk.run.cli import guard
-    from lmk.sharing.command import main
-
-    sys.exit(guard(main)())  # a user error (no token, an unfinished run): what is wrong and the fix, exit 2
+    cli()

@@ -36,7 +36,9 @@ IMPORT_TIME_ENV = ("HF_", "HUGGINGFACE", "TRANSFORMERS_", "SENTENCE_TRANSFORMERS
 # What the entry points import (not the entry modules themselves: `python -m` runs those fresh, as `__main__`).
 PRELOAD = ("torch", "lightning.pytorch", "transformers", "sentence_transformers", "mteb", "hydra", "omegaconf",
            "datasets", "wandb", "peft", "lmk.train.command", "lmk.eval.command", "lmk.sharing.command",
-           "lmk.sweep.driver", "lmk.model.landmark")
+           "lmk.sweep.driver", "lmk.model.landmark",
+           # what the commands load only past their refusals (their fast paths): the children's work, loaded once
+           "lmk.sharing.publish", "lmk.sweep.cost.estimate", "lmk.eval.score_stats", "lmk.eval.tasks", "lmk.eval.replicas")
 
 _server: subprocess.Popen | None = None
 _server_env: dict[str, str] = {}

@@ -491,8 +491,9 @@ def test_the_rehearsal_mirror_gets_every_config_of_a_shared_repo(tmp_path: Path,
     small = {"n_queries": 2, "n_docs": 3, "lengths": [256]}
     scale = dataclasses.replace(scale, hub_mirror={"path": str(root), "replicas": small})
     written: list[list[str]] = []
-    real = prepare.__globals__["write_replicas"]
-    monkeypatch.setitem(prepare.__globals__, "write_replicas", lambda r, t, s: written.append(list(t)) or real(r, t, s))
+    # prepare imports the writer when a scale writes replicas (its fast path): the spy stands where it is imported from
+    monkeypatch.setattr("lmk.eval.replicas.write_replicas",
+                        lambda r, t, s: written.append(list(t)) or write_replicas(r, t, s))
     prepare(scale, tmp_path)
     longembed = [t for t in written[0] if t.startswith("LEMB") and t != "LEMBPasskeyRetrieval"]
     assert len(longembed) == 5  # the repo was there with needle only: every LongEmbed config is written

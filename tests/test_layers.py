@@ -96,8 +96,33 @@ def fresh_cache(folder):
     os.environ['LMK_CACHE'] = str(folder / 'cache')  # read when used (lmk.run.umask_files.cache_root)
 """
 
-# interpreter A: the sweep driver (no model stack), then an evaluation without and with Lightning's CSV logger
+# interpreter A: the commands' refusals (nothing heavy), the sweep driver (no model stack), then an evaluation without
+# and with Lightning's CSV logger
 _DRIVER_AND_EVAL = _CHAIN + """
+import contextlib, io, runpy
+HEAVY = ('torch', 'transformers', 'mteb', 'scipy')
+
+def command(module, *argv):
+    # `python -m <module> *argv` as typed (its __main__ block included): (exit code, stderr)
+    err = io.StringIO()
+    sys.argv = [module, *argv]
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            runpy.run_module(module, run_name='__main__', alter_sys=True)
+            code = 0
+        except SystemExit as exit:
+            code = exit.code
+    return code, err.getvalue()
+
+def sweep_refusal(folder):
+    code, err = command('lmk.sweep', 'experiments/table2/spec.yaml', '--scale', 'nope')
+    return {'code': code, 'stderr': err, 'loaded': sorted(m for m in HEAVY if m in sys.modules)}
+
+def export_refusal(folder):
+    helped, _ = command('lmk.export', '--help')
+    code, err = command('lmk.export', str(folder / 'no-run'), '--out', str(folder / 'out'))
+    return {'help': helped, 'code': code, 'stderr': err, 'loaded': sorted(m for m in HEAVY if m in sys.modules)}
+
 def driver(folder):
     import lmk.sweep.cost, lmk.model.shape, lmk.model.backbone, lmk.train.command, lmk.sweep.rows
     return {'loaded': sorted(m for m in ('sentence_transformers', 'mteb', 'lightning') if m in sys.modules)}
@@ -118,6 +143,8 @@ def evaluation(logger):
                 'metrics_csv': (folder / 'run' / 'metrics.csv').is_file()}
     return body
 
+stage('sweep-refusal', HEAVY, sweep_refusal)
+stage('export-refusal', HEAVY, export_refusal)
 stage('driver', ('sentence_transformers', 'mteb', 'lightning'), driver)
 stage('eval-none', ('lightning',), evaluation('none'))
 stage('eval-csv', ('lightning',), evaluation('csv'))
@@ -202,6 +229,23 @@ def test_the_model_layer_and_the_training_step_load_no_evaluation_stack(model_an
     # sentence-transformers (the poolers' base class) imports `datasets` itself when it is installed (a node without
     # it is fine: tests/test_node.py runs these sections there): what counts is what lmk's own code adds
     assert _stage(model_and_training_job, "model-layer")["loaded"] == []
+
+
+def test_a_sweep_refuses_a_wrong_scale_before_any_heavy_stack_loads(driver_and_eval) -> None:
+    """`python -m lmk.sweep <spec> --scale nope` fails in a second: the spec's checks load none of torch, transformers,
+    mteb or scipy (the eval stage's merge and the cost model load theirs when they run)."""
+    out = _stage(driver_and_eval, "sweep-refusal")
+    assert out["code"] == 2 and "unknown scale 'nope'" in out["stderr"], out
+    assert out["loaded"] == [], out
+
+
+def test_an_export_refuses_a_missing_run_before_torch_loads(driver_and_eval) -> None:
+    """`python -m lmk.export --help` and an export of a folder that is no training run answer without torch (nor
+    transformers, mteb): lmk.export's names and the model side load only once nothing refuses."""
+    out = _stage(driver_and_eval, "export-refusal")
+    assert out["help"] == 0
+    assert out["code"] == 2 and "has no results.json, so it is not a training run" in out["stderr"], out
+    assert out["loaded"] == [], out
 
 
 def test_a_sweep_driver_reads_configs_and_costs_without_the_model_stack(driver_and_eval) -> None:

@@ -14,6 +14,7 @@
     maxsim.py     eval.scoring=maxsim: exact blocked MaxSim over landmark states, mteb's multi-vector search
     compressed_maxsim.py  eval.scoring=maxsim-compressed: MaxSim over residual codes, top candidates re-scored
     residual_codes.py  residual compression of unit vectors (k-means centroid id + quantized residual)
+    residual_sizes.py  its byte arithmetic, torch-free (the sweep's cost model sizes an index with it)
     callback.py   the Lightning callback (suite during / at the end of training)
     score_stats.py  scores as the paper reports them: group means, LongEmbed averaging, paired t-tests
     replicas.py   offline replicas of the paper's eval datasets in their hub layout
@@ -32,7 +33,8 @@ __all__, _own = interface(__name__, {
     "lmk.eval.replicas": ("REPLICAS", "Sizes", "replica_fingerprint", "task_dataset", "write_replicas"),
     "lmk.eval.compressed_maxsim": ("CompressedIndex", "LmkCompressedMaxSimEncoder", "centroid_scores",
                                     "compressed_search"),
-    "lmk.eval.residual_codes": ("BITS", "ResidualCodec", "auto_centroids", "codebook_bytes", "kmeans", "vector_bytes"),
+    "lmk.eval.residual_codes": ("ResidualCodec", "kmeans"),
+    "lmk.eval.residual_sizes": ("BITS", "auto_centroids", "codebook_bytes", "vector_bytes"),
     "lmk.eval.maxsim": ("LmkMaxSimEncoder", "NoLandmarksError", "maxsim_blocks", "maxsim_scores",
                          "maxsim_winners"),
     "lmk.eval.runner": ("build_encoder", "run_suite"),

@@ -7,54 +7,32 @@ of the values it holds). A decoded vector is centroid + weights, L2-normalised (
 vectors). At 2 bits a 768-wide vector is 192 bytes of residual and a 2- or 4-byte id instead of 3,072 float32 bytes.
 
 Fitting is seeded and runs on the CPU in float32, so the same vectors give the same codes on every run. The byte
-arithmetic (`vector_bytes`, `auto_centroids`) is shared with the sweep's cost model (lmk.sweep.cost.index).
+arithmetic (`vector_bytes`, `auto_centroids`: lmk.eval.residual_sizes, torch-free) is shared with the sweep's cost
+model (lmk.sweep.cost.index).
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-BITS: tuple[int, ...] = (1, 2, 4, 8)
+# the byte arithmetic lives torch-free beside (the cost model reads it); its names stay importable from here
+from lmk.eval.residual_sizes import (  # noqa: F401
+    BITS,
+    auto_centroids,
+    check_bits,
+    codebook_bytes,
+    id_bytes,
+    residual_bytes,
+    vector_bytes,
+)
+
 FIT_SAMPLE = 2**16  # vectors k-means and the bucket quantiles are fitted on (a seeded sample of a larger corpus)
 KMEANS_ITERS = 20
 _QUANTILE_VALUES = 2**24  # residual values the bucket quantiles read (torch.quantile's input limit)
 _ROWS = 8192  # vectors assigned to centroids at once (bounds the [rows, k] similarity block)
-
-
-def auto_centroids(n_vectors: int) -> int:
-    """PLAID's centroid count for `n_vectors` vectors: the power of two at or below 16 sqrt(n), at most n."""
-    if n_vectors < 1:
-        return 1
-    return max(1, min(n_vectors, 2 ** int(math.floor(math.log2(16 * math.sqrt(n_vectors))))))
-
-
-def id_bytes(centroids: int) -> int:
-    """Bytes of one centroid id: the smallest unsigned integer holding `centroids` ids."""
-    return 1 if centroids <= 2**8 else 2 if centroids <= 2**16 else 4
-
-
-def residual_bytes(dim: int, bits: int) -> int:
-    return math.ceil(dim * bits / 8)
-
-
-def vector_bytes(dim: int, bits: int, centroids: int) -> int:
-    """Bytes one vector takes in the index: its packed residual and its centroid id."""
-    return residual_bytes(dim, bits) + id_bytes(centroids)
-
-
-def codebook_bytes(dim: int, bits: int, centroids: int) -> int:
-    """Bytes shared by the whole index: float32 centroids, bucket cutoffs and weights."""
-    return 4 * (centroids * dim + 2 * 2**bits - 1)
-
-
-def check_bits(bits: int) -> int:
-    if bits not in BITS:
-        raise ValueError(f"residual codes of {bits} bits: allowed {list(BITS)}")
-    return bits
 
 
 def _assign(vectors: torch.Tensor, centroids: torch.Tensor) -> torch.Tensor:

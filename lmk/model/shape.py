@@ -22,10 +22,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from transformers import AutoConfig
-
 from lmk.config.schema import get_key
-from lmk.model.backbone import SHIPPED_CONFIGS, load_config_json, package_model_path
+from lmk.model.config_files import SHIPPED_CONFIGS, load_config_json, package_model_path
 
 _XLMR_LARGE = {"model_type": "xlm-roberta", "num_hidden_layers": 24, "hidden_size": 1024,
                "intermediate_size": 4096, "num_attention_heads": 16, "vocab_size": 250002}
@@ -215,6 +213,8 @@ def _base_config(encoder: Any) -> dict[str, Any]:
     if model_id and (model_id in SHIPPED_CONFIGS or os.path.isdir(os.path.expanduser(model_id))):
         return load_config_json(model_id)
     if model_id:
+        from transformers import AutoConfig  # fast path: transformers (with torch) only for a hub config
+
         try:
             return AutoConfig.from_pretrained(model_id, local_files_only=True).to_dict()
         except OSError as e:
@@ -228,6 +228,8 @@ def _base_config(encoder: Any) -> dict[str, Any]:
     if get("architecture"):
         # random init: the vocabulary comes from the tokenizer at build time (not sized here unless
         # config_overrides names vocab_size)
+        from transformers import AutoConfig  # fast path: (as above) only for a random init
+
         return AutoConfig.for_model(get("architecture")).to_dict()
     raise ValueError("encoder config names no model config (config, model_id, package or architecture)")
 

@@ -14,10 +14,11 @@ repository's layout (lmk.sharing.publish; docs/sharing.md).
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Sequence
 
-from lmk.run.quiet_logging import quiet_progress_bars
-from lmk.sharing.publish import publish
+from lmk.run.cli import guard
+from lmk.sharing.refusals import check_publish
 
 
 def parser() -> argparse.ArgumentParser:
@@ -42,12 +43,22 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    check_publish(args.run_dir, args.out, args.push_to_hub)  # a wrong token or folder: refused before torch loads
+    # fast path: the model side (torch, transformers, mteb) loads only once nothing refuses
+    from lmk.run.quiet_logging import quiet_progress_bars
+    from lmk.sharing.publish import publish  # (as above)
+
     with quiet_progress_bars():  # loading and writing one model: seconds, one line of result below
         pub = publish(args.run_dir, out=args.out, repo_id=args.push_to_hub, private=args.private,
                       revision=args.revision, table=args.table, license_=args.license, base=args.base_model,
-                      multi_vector=args.multi_vector)
+                      multi_vector=args.multi_vector, checked=True)
     if args.out:
         print(f"[lmk.export] {pub.meta.name} (weights {pub.meta.revision}) written to {pub.folder}")
     if pub.pushed:
         print(f"[lmk.export] pushed to {pub.pushed.repo_id}@{pub.pushed.revision}: {pub.pushed.url}")
     return 0
+
+
+def cli() -> None:
+    """`python -m lmk.export`: a user error (no token, an unfinished run) is what is wrong and the fix, exit 2."""
+    sys.exit(guard(main)())

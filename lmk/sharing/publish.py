@@ -33,15 +33,16 @@ import yaml
 from mteb.models.model_meta import ModelMeta
 from mteb.results import TaskResult
 
-from lmk.config import UserError, trains_landmark_states
+from lmk.config import trains_landmark_states
 from lmk.config.model import EncoderConfig
 from lmk.config.registry import declared_scorings
-from lmk.hub.push import Pushed, check_push, push_folder
-from lmk.model.backbone import package_model_path
+from lmk.hub.push import Pushed, push_folder
+from lmk.model.config_files import package_model_path
 from lmk.model.loading import load_model as load_run_model
-from lmk.run.results import STATUS_DONE, EvalRecord, Results
+from lmk.run.results import EvalRecord, Results
 from lmk.sharing.card import TableRow, model_card
 from lmk.sharing.mteb_model import FRAMEWORK, PAPER, citation, load_model, n_parameters, save_results
+from lmk.sharing.refusals import PublishError, check_out, check_publish, check_run
 from lmk.sharing.st_folder import export_multi_vector, export_sentence_transformers
 
 log = logging.getLogger(__name__)
@@ -50,10 +51,6 @@ log = logging.getLogger(__name__)
 MTEB_TRAINING_SETS = {"msmarco_passage": "MSMARCO", "nq": "NQ", "hotpotqa": "HotpotQA", "fever": "FEVER",
                       "fiqa": "FiQA2018", "quora": "QuoraRetrieval", "arguana": "ArguAna", "scifact": "SciFact"}
 CONFIG_SECTIONS = ("encoder", "pooling", "data", "train", "trainer", "seed")  # the training config on the card
-
-
-class PublishError(UserError, ValueError):
-    """A run that cannot be published (not finished, no model, no table row where one was named)."""
 
 
 @dataclass
@@ -165,17 +162,6 @@ def _meta(folder: Path, name: str, model: Any, results: Results, license_: str, 
     )
 
 
-def _unfinished(run_dir: Path, results: Results) -> PublishError:
-    if results.is_empty:
-        return PublishError(f"{run_dir} has no results.json, so it is not a training run; give the folder "
-                            "`python -m lmk.train` wrote (outputs/train/<name>/...)")
-    if results.command == "evaluate":
-        return PublishError(f"{run_dir} is an lmk.evaluate folder, not a training run; export the run it evaluated "
-                            f"({(results.model or {}).get('run_dir') or 'model= of that evaluation'})")
-    return PublishError(f"{run_dir} has not finished training (results.json status {results.status!r}); finish it "
-                        "first: rerun its `python -m lmk.train ...` command, which resumes from its checkpoints")
-
-
 def usage_source(out: Path, repo_id: str | None) -> str:
     """What the card's usage lines load: the repo id, else the folder relative to where the command ran (never a
     path of this machine: the card travels)."""
@@ -191,12 +177,8 @@ def write_folder(run_dir: str | Path, out: str | Path, *, repo_id: str | None = 
     whole or not at all: it is written beside `out` and renamed into place. `multi_vector` None: as the run was
     trained (a MaxSim-trained run as its landmark states, `trains_landmark_states`; else one vector)."""
     run_dir, out = Path(run_dir), Path(out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise PublishError(f"--out {out} exists and is not empty (files of another model would be published with "
-                           "this one); give a new folder")
-    results = Results.read(run_dir)
-    if results.status != STATUS_DONE or results.command == "evaluate":
-        raise _unfinished(run_dir, results)
+    check_out(out)
+    results = check_run(run_dir)
     model, _ = load_run_model(run_dir)
     if multi_vector is None:
         multi_vector = trains_landmark_states((results.config.get("train") or {}).get("objective"))
@@ -264,12 +246,11 @@ def _write(run_dir: Path, folder: Path, model: Any, results: Results, section: E
 
 def publish(run_dir: str | Path, *, out: str | Path | None = None, repo_id: str | None = None, private: bool = False,
             revision: str | None = None, table: str | Path | None = None, license_: str | None = None,
-            base: str | None = None, multi_vector: bool | None = None) -> Publication:
-    """Write the folder (into `out`, else a temporary one) and, with `repo_id`, push it to the hub."""
-    if out is None and repo_id is None:
-        raise PublishError("nothing to do: give --out DIR (write the folder) and/or --push-to-hub <org>/<name>")
-    if repo_id:
-        check_push(repo_id, verify=True)  # no token, a refused token, offline, a bad id: before the model loads
+            base: str | None = None, multi_vector: bool | None = None, checked: bool = False) -> Publication:
+    """Write the folder (into `out`, else a temporary one) and, with `repo_id`, push it to the hub. The refusals come
+    first (lmk.sharing.refusals.check_publish; `checked`: the caller ran it, as `python -m lmk.export` does)."""
+    if not checked:
+        check_publish(run_dir, out, repo_id)
     with tempfile.TemporaryDirectory(prefix="lmk-publish-") as scratch:
         pub = write_folder(run_dir, Path(out) if out else Path(scratch) / "model", repo_id=repo_id, table=table,
                            license_=license_, base=base, multi_vector=multi_vector)

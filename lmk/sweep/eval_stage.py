@@ -40,10 +40,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lmk.config.eval import EvalConfig
+from lmk.config.eval import LOCAL_TASK_NAMES, EvalConfig
 from lmk.config.registry import declared_scorings
-from lmk.eval.score_stats import group_scores
-from lmk.eval.tasks import LOCAL_TASKS
 from lmk.run.results import STATUS_DONE, Results, update_results
 from lmk.run.umask_files import write_json
 from lmk.sweep.jobs import SEP, Block, StageSuite, stage_block, stage_shards
@@ -90,6 +88,8 @@ def merge(rows: Sequence[str], train_dir: str | Path, eval_dir: str | Path, suit
           shards: Mapping[str, Sequence[str]]) -> dict[str, dict[str, Any]]:
     """Merge every row's finished shards into `<train_dir>/<row>/results.json` ("eval") and its
     `per_query.json`; returns {row: {shard: status}}. Shards of another model fingerprint are ignored."""
+    from lmk.eval.score_stats import group_scores  # fast path: scipy.stats loads only when shards are merged
+
     report: dict[str, dict[str, Any]] = {}
     for row in rows:
         run = Path(train_dir) / row
@@ -202,7 +202,8 @@ def plan_stage(scale: Scale, rows: Sequence[str], out: Path, dry_run: bool, hub:
     suite's hub datasets from `<out>/eval-data` once prepared."""
     stage = stage_shards(scale, hub)
     (out / "eval").mkdir(parents=True, exist_ok=True)
-    data = None if all(t in LOCAL_TASKS for t in stage.suite.tasks) else out / PREPARED_DIR
+    # the local tasks' declared names (lmk.eval.tasks registers none other): mteb is not loaded to plan
+    data = None if all(t in LOCAL_TASK_NAMES for t in stage.suite.tasks) else out / PREPARED_DIR
     fingerprints = None if dry_run else {row: trained_fingerprint(out / "train" / row) for row in rows}
     jobs_hub = [*hub, f"hub.prepared={data}"] if data else list(hub)
     block = stage_block(scale, rows, out / "train", stage.shards, jobs_hub, fingerprints, row_evals)

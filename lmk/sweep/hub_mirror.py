@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 from lmk.config import group_file
-from lmk.eval.replicas import REPLICAS, Sizes, task_dataset, write_replicas
 from lmk.hub import mirror
 from lmk.sweep.spec import CONF_DIR, Scale, SpecError, experiment_eval
 
@@ -41,6 +40,8 @@ def mirror_dir(scale: Scale, out: Path) -> Path | None:
 
 
 def _sizes(value: Any) -> Any:
+    from lmk.eval.replicas import Sizes  # fast path: (see prepare)
+
     if value is True:
         return Sizes()
     names = {f.name for f in fields(Sizes)}
@@ -70,6 +71,9 @@ def prepare(scale: Scale, out: Path, dry_run: bool = False) -> Path | None:
             raise SpecError(f"scale {scale.name!r}: hub mirror {root} does not exist; fill it on a machine with "
                             f"the network: make download SCALE={scale.name} MIRROR={root}")
         return root
+    # fast path: the replicas' data code (datasets, mteb) loads only for a scale that writes replicas
+    from lmk.eval.replicas import REPLICAS, task_dataset, write_replicas
+
     sizes = _sizes(replicas)
     tasks = [t for t in suite_tasks(scale) if t in REPLICAS]
     repos = {t: str(task_dataset(t)["path"]) for t in tasks}

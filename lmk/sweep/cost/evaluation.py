@@ -11,11 +11,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-import mteb
-from mteb.abstasks.aggregated_task import AbsTaskAggregate
-
-from lmk.eval.residual_codes import BITS
-from lmk.eval.tasks import LOCAL_TASKS
+from lmk.config.eval import LOCAL_TASK_NAMES
+from lmk.eval.residual_sizes import BITS
 from lmk.model.shape import EncoderShape
 from lmk.sweep.cost.index import Layout, TaskIndex, compressed_index_bytes, task_index
 from lmk.sweep.cost.lengths import CHARS_PER_TOKEN
@@ -35,6 +32,8 @@ def _side(stats: Mapping[str, Any], key: str, n_key: str, max_len: int) -> tuple
 def task_tokens(task: Any, query_max_length: int, passage_max_length: int) -> list[tuple[float, float]]:
     """[(documents, tokens per document), (queries, tokens per query)] of each requested split/subset of
     one mteb task, from its descriptive stats (documents first in every pair of entries)."""
+    from mteb.abstasks.aggregated_task import AbsTaskAggregate  # fast path: (see eval_cost)
+
     leaves = list(task.metadata.tasks) if isinstance(task, AbsTaskAggregate) else [task]
     out = []
     for leaf in leaves:
@@ -79,8 +78,11 @@ def eval_cost(suite: Any, n_rows: int, shards: Mapping[str, Sequence[str]] | Non
     missing: list[str] = []
     task_s: dict[str, float] = {}
     task_parts: dict[str, list[tuple[float, float]]] = {}
+    # fast path: mteb (its task statistics; datasets and torch with it) loads only when a suite is costed
+    import mteb
+
     for name in suite.tasks:
-        if name in LOCAL_TASKS:
+        if name in LOCAL_TASK_NAMES:  # the local tasks' declared names (lmk.eval.tasks registers none other)
             continue
         opts = suite.task_options.get(name, {})
         task = mteb.get_task(name, eval_splits=opts.get("eval_splits"), hf_subsets=opts.get("hf_subsets"),

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lmk.config.registry import declared_scorings
-from lmk.eval.residual_codes import auto_centroids, codebook_bytes, vector_bytes
+from lmk.eval.residual_sizes import auto_centroids, codebook_bytes, vector_bytes
 from lmk.model.landmark.capacity import TOKENS_PER_SENTENCE, expected_landmarks
 from lmk.model.landmark.names import STRATEGY_TRAITS
 from lmk.sweep.cost.stage import hours
