@@ -118,6 +118,10 @@ def test_the_killed_driver_is_rerun_and_submits_no_second_job(bad_day):
         r: second["plan"][r]["action"] for r in ROWS}
     assert second["code"] == 0, second["log"][-3000:]
     assert "waited for" in second["log"]
+    # a row the rerun saw finish is never trained again (no old job's death written over it)
+    finished = [row for row in ROWS if second["status"][row]["status"] == "completed"]
+    assert finished, second["status"]
+    assert {row: bad_day["runs"][2]["plan"][row]["action"] for row in finished} == dict.fromkeys(finished, "skip")
 
 
 @pytest.mark.parametrize("row", RESUMED)
