@@ -371,11 +371,10 @@ class RowSweeper(Sweeper):
                                  [{**j["record"], "overrides": j["overrides"]} for j in old])
             on_record = _read_status(sweep_dir)  # as other sweeps of this folder left it while these jobs ran
             for job, ret in zip([*runnable, *old], results, strict=True):
-                mine = status.get(job["job"], {"ended_jobs": job["ended_jobs"]})
-                holder = row_rules.newer_holder(mine, on_record.get(job["job"]) or {}, Results.read(job["job_dir"]),
-                                                job["config_hash"])
+                mine, now = status.get(job["job"], {"ended_jobs": job["ended_jobs"]}), on_record.get(job["job"]) or {}
+                holder = row_rules.newer_holder(mine, now, Results.read(job["job_dir"]), job["config_hash"])
                 if holder is not None:
-                    status[job["job"]] = self._stale(job, mine, on_record.get(job["job"]) or {}, holder)
+                    status[job["job"]] = self._stale(job, mine, now, holder)
                     continue
                 entry = {**mine, **self._outcome(job, ret, since), "job_dir": job["job_dir"],
                          "seconds": round((time.perf_counter() - tic) / max(len(runnable) + len(old), 1), 1)}

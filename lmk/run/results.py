@@ -27,6 +27,7 @@ from lmk.run.environment import environment_info
 from lmk.run.umask_files import write_json
 
 RESULTS_FILE = "results.json"
+UPDATED_AT_FORMAT = "%Y-%m-%dT%H:%M:%S%z"  # `updated_at`: local time with its offset, to the second
 
 
 def _deep_merge(base: dict[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
@@ -164,7 +165,7 @@ def update_results(run_dir: str | os.PathLike, *, fresh: bool = False, **section
         others = first.setdefault("also_written_under", [])
         if env not in others:
             others.append(env)
-    merged["updated_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    merged["updated_at"] = time.strftime(UPDATED_AT_FORMAT)
     write_json(run_dir / RESULTS_FILE, merged)  # atomic: a crash mid-write never truncates results.json
     return merged
 

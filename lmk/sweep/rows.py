@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from lmk.run import lock as run_lock
-from lmk.run.results import STATUS_DONE, Results
+from lmk.run.results import STATUS_DONE, UPDATED_AT_FORMAT, Results
 from lmk.run.scheduler import slurm_job
 
 STATUS_FILE = "sweep_status.json"  # per block: {job: {status, job_id, scheduler, host, ...}}
@@ -110,7 +110,7 @@ def newer_holder(mine: Mapping[str, Any], on_record: Mapping[str, Any], results:
     if queued is None or written is None or results.status != STATUS_DONE or results.config_hash == digest:
         return None
     try:
-        finished = datetime.strptime(written, "%Y-%m-%dT%H:%M:%S%z").timestamp()
+        finished = datetime.strptime(written, UPDATED_AT_FORMAT).timestamp()
     except ValueError:
         return None
     return f"the run done at {written} under config {results.config_hash}" if finished > float(queued) else None

@@ -78,6 +78,7 @@ def _no_decay(name: str) -> bool:
 # the token counts of the fill (lmk.train.chunks), summed over batches and ranks
 FILL_KEYS = ("real", "computed", "batches", "fill_sum")
 
+
 class ContrastiveModule(pl.LightningModule):
     """InfoNCE training of an EmbeddingModel (in-batch + hard negatives, cross-device, grad cache), on the pooled
     vector or the landmark states as `train.objective` says."""
